@@ -1,0 +1,306 @@
+//! Readiness checks: tcp, http, exec and file, each bounded by its own timeout,
+//! run concurrently, with single flight (DESIGN §7, §6).
+//!
+//! Owns: evaluating the configured checks and remembering the last evaluation.
+//! While starting, [`wait_ready`] polls every `--ready-interval` until all pass
+//! once; from then on each `/readyz` request calls [`Checks::evaluate`], and
+//! requests that arrive while an evaluation runs share it, so probe load never
+//! multiplies check load.
+//!
+//! Must not: wait for a process itself. Exec checks are spawned through the one
+//! reaper and their status comes back on a channel. A check's `detail` names the
+//! kind of failure only (`connection refused`, `timed out after 500ms`, `exit status
+//! 1`, `http status 500`), never an error's text: that text carries hosts, users and
+//! secrets, and probes are reachable by anything on the network.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::{Check, CheckKind};
+use crate::drain::ChildExit;
+use crate::reaper::Reaper;
+use crate::spawn::{HelperOutput, spawn_helper};
+
+/// The result of one check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckResult {
+    pub name: String,
+    pub ok: bool,
+    /// The kind of failure; `None` when ok.
+    pub detail: Option<String>,
+}
+
+/// The results of one evaluation of every check, in configuration order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    pub results: Vec<CheckResult>,
+}
+
+impl Evaluation {
+    pub fn all_ok(&self) -> bool {
+        self.results.iter().all(|r| r.ok)
+    }
+}
+
+/// The configured checks and the single-flight state.
+pub struct Checks {
+    specs: Vec<Check>,
+    reaper: Rc<RefCell<Reaper>>,
+    running: RefCell<Option<watch::Receiver<Option<Rc<Evaluation>>>>>,
+    last: RefCell<Option<Rc<Evaluation>>>,
+    runs: std::cell::Cell<u64>,
+}
+
+impl Checks {
+    pub fn new(specs: Vec<Check>, reaper: Rc<RefCell<Reaper>>) -> Rc<Checks> {
+        Rc::new(Checks { specs, reaper, running: RefCell::new(None), last: RefCell::new(None), runs: 0.into() })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// The last finished evaluation, if any.
+    pub fn last(&self) -> Option<Rc<Evaluation>> {
+        self.last.borrow().clone()
+    }
+
+    /// How many evaluations ran so far (single flight shows here).
+    pub fn runs(&self) -> u64 {
+        self.runs.get()
+    }
+
+    /// Evaluates every check, or joins the evaluation already running. Returns
+    /// within the largest check timeout plus scheduling.
+    pub async fn evaluate(self: &Rc<Self>) -> Rc<Evaluation> {
+        let mut rx = {
+            let mut running = self.running.borrow_mut();
+            match running.as_ref() {
+                Some(rx) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    *running = Some(rx.clone());
+                    let this = self.clone();
+                    tokio::task::spawn_local(async move {
+                        let ev = Rc::new(this.run_all().await);
+                        this.runs.set(this.runs.get() + 1);
+                        *this.last.borrow_mut() = Some(ev.clone());
+                        *this.running.borrow_mut() = None;
+                        let _ = tx.send(Some(ev));
+                    });
+                    rx
+                }
+            }
+        };
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone().expect("wait_for returned a Some"),
+            // The evaluating task panicked: report every check failed.
+            Err(_) => Rc::new(Evaluation {
+                results: self
+                    .specs
+                    .iter()
+                    .map(|c| CheckResult { name: c.name.clone(), ok: false, detail: Some("internal error".into()) })
+                    .collect(),
+            }),
+        }
+    }
+
+    async fn run_all(self: &Rc<Self>) -> Evaluation {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, spec) in self.specs.iter().enumerate() {
+            let spec = spec.clone();
+            let reaper = self.reaper.clone();
+            set.spawn_local(async move {
+                let detail = match tokio::time::timeout(spec.timeout, run_one(&spec.kind, &reaper, spec.timeout)).await {
+                    Ok(r) => r.err(),
+                    Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
+                };
+                (i, CheckResult { name: spec.name.clone(), ok: detail.is_none(), detail })
+            });
+        }
+        let mut results: Vec<Option<CheckResult>> = vec![None; self.specs.len()];
+        while let Some(r) = set.join_next().await {
+            if let Ok((i, res)) = r {
+                results[i] = Some(res);
+            }
+        }
+        Evaluation {
+            results: results
+                .into_iter()
+                .zip(&self.specs)
+                .map(|(r, c)| {
+                    r.unwrap_or(CheckResult { name: c.name.clone(), ok: false, detail: Some("internal error".into()) })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `500ms`, `1s`, `1.5s`.
+pub fn fmt_ms(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 { format!("{}s", ms / 1000) } else if ms < 1000 { format!("{ms}ms") } else { format!("{}s", ms as f64 / 1000.0) }
+}
+
+async fn run_one(kind: &CheckKind, reaper: &Rc<RefCell<Reaper>>, timeout: Duration) -> Result<(), String> {
+    match kind {
+        CheckKind::Tcp(addr) => tcp(addr).await.map(drop),
+        CheckKind::Http(url) => http(url).await,
+        CheckKind::Exec(argv) => exec(argv, reaper, timeout).await,
+        CheckKind::File(p) => {
+            if p.exists() {
+                Ok(())
+            } else {
+                Err("not found".into())
+            }
+        }
+    }
+}
+
+fn connect_error(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".into(),
+        K::ConnectionReset | K::ConnectionAborted => "connection reset".into(),
+        K::HostUnreachable | K::NetworkUnreachable => "host unreachable".into(),
+        K::TimedOut => "timed out".into(),
+        _ if e.raw_os_error().is_none() => "address not resolved".into(),
+        _ => "connection failed".into(),
+    }
+}
+
+async fn tcp(addr: &str) -> Result<tokio::net::TcpStream, String> {
+    tokio::net::TcpStream::connect(addr).await.map_err(|e| connect_error(&e))
+}
+
+struct Target<'a> {
+    hostport: &'a str,
+    path: &'a str,
+    userinfo: Option<&'a str>,
+}
+
+fn split_url(url: &str) -> Option<Target<'_>> {
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    Some(Target { hostport, path: if path.is_empty() { "/" } else { path }, userinfo })
+}
+
+fn base64(input: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in input.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+async fn http(url: &str) -> Result<(), String> {
+    use http_body_util::Empty;
+    let t = split_url(url).ok_or("bad url")?;
+    let hostport = if t.hostport.contains(':') && !t.hostport.ends_with(']') {
+        t.hostport.to_string()
+    } else {
+        format!("{}:80", t.hostport)
+    };
+    let stream = tcp(&hostport).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<bytes::Bytes>>(io)
+        .await
+        .map_err(|_| "connection failed".to_string())?;
+    tokio::task::spawn_local(async move {
+        let _ = conn.await;
+    });
+    let mut req = hyper::Request::get(t.path)
+        .header(hyper::header::HOST, t.hostport)
+        .header(hyper::header::USER_AGENT, "drainit-check")
+        .header(hyper::header::CONNECTION, "close");
+    if let Some(u) = t.userinfo {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Basic {}", base64(u.as_bytes())));
+    }
+    let req = req.body(Empty::new()).map_err(|_| "bad url".to_string())?;
+    let resp = sender.send_request(req).await.map_err(|_| "connection failed".to_string())?;
+    let status = resp.status().as_u16();
+    if (200..400).contains(&status) { Ok(()) } else { Err(format!("http status {status}")) }
+}
+
+async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>, timeout: Duration) -> Result<(), String> {
+    let (pid, rx) = {
+        let mut r = reaper.borrow_mut();
+        let pid = spawn_helper(argv, HelperOutput::Null).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "not found".to_string(),
+            std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+            _ => "cannot execute".to_string(),
+        })?;
+        (pid, r.register(pid))
+    };
+    /// Kills the check's process group if the check is dropped (timed out) before
+    /// it was reaped.
+    struct KillOnDrop(i32, Rc<RefCell<Reaper>>);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if self.1.borrow().is_waiting(self.0) {
+                let _ = crate::signals::send(-self.0, crate::signals::Signal::KILL);
+            }
+        }
+    }
+    let guard = KillOnDrop(pid, reaper.clone());
+    let _ = timeout;
+    let exit = rx.await.map_err(|_| "internal error".to_string())?;
+    drop(guard);
+    match exit {
+        ChildExit::Code(0) => Ok(()),
+        ChildExit::Code(n) => Err(format!("exit status {n}")),
+        ChildExit::Signal(s) => Err(format!("killed by {s}")),
+    }
+}
+
+/// Polls the checks every `interval` until one evaluation passes.
+pub async fn wait_ready(checks: Rc<Checks>, interval: Duration) {
+    loop {
+        if checks.evaluate().await.all_ok() {
+            return;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+    }
+
+    #[test]
+    fn durations_print_short() {
+        assert_eq!(fmt_ms(Duration::from_millis(500)), "500ms");
+        assert_eq!(fmt_ms(Duration::from_secs(1)), "1s");
+        assert_eq!(fmt_ms(Duration::from_millis(1500)), "1.5s");
+    }
+
+    #[test]
+    fn url_parts() {
+        let t = split_url("http://u:p@127.0.0.1:8080/health?x=1").unwrap();
+        assert_eq!((t.hostport, t.path, t.userinfo), ("127.0.0.1:8080", "/health?x=1", Some("u:p")));
+        assert_eq!(split_url("http://h").unwrap().path, "/");
+    }
+}

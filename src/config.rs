@@ -1,0 +1,1076 @@
+//! Configuration: command line + environment + TOML file → a validated [`Config`].
+//!
+//! Owns: parsing and validation of every setting (DESIGN §8), the precedence
+//! flag > environment > file > default, the grace-budget arithmetic, and the exit
+//! codes for bad input (64 for the command line, 78 for environment and file).
+//!
+//! Must not: start anything. A bad value is found here, before the probe socket is
+//! bound or the child spawned, so bad input never leaves a half-started app.
+//!
+//! Shape (ripgrep's): clap parses raw strings into [`Cli`]; [`load`] validates them,
+//! together with the environment and the file, into the [`Config`] the rest of
+//! drainit uses. Values are kept as strings until then so that an error can name
+//! where the value came from: the flag, the `DRAINIT_*` variable, or the file's key
+//! with its line and column.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use serde::Deserialize;
+
+use crate::drain::SecondSignal;
+use crate::signals::{RewriteMap, Signal};
+
+/// Exit code for a usage error on the command line (BSD `EX_USAGE`).
+pub const EXIT_USAGE: i32 = 64;
+/// Exit code for a configuration error (BSD `EX_CONFIG`).
+pub const EXIT_CONFIG: i32 = 78;
+
+const EXAMPLES: &str = "\
+Examples:
+  drainit --ready-tcp 127.0.0.1:8080 -- python3 -m http.server 8080
+  drainit --pre-drain-delay 10s --drain-timeout 30s --grace-period 45s -- node server.js
+  drainit --rewrite TERM:QUIT -- nginx -g 'daemon off;'
+  drainit --probe-addr off --teardown 'sh -c \"flush-logs\"' -- ./batch-job
+  drainit --check-config --config /etc/drainit.toml -- true
+
+Every flag is also read from DRAINIT_<FLAG> (e.g. DRAINIT_PRE_DRAIN_DELAY=3s);
+repeatable flags take a comma-separated list there. PRE_DRAIN_DELAY_MS and
+DRAIN_TIMEOUT_MS are accepted as plain milliseconds.
+
+Exit codes: 0 drained, 2 abandoned or teardown failed, N the child's own code
+(128+S for a signal), 126 cannot execute, 127 not found, 64 usage, 78 configuration,
+1 internal error.";
+
+/// The raw command line. Values stay strings here; [`load`] validates them.
+#[derive(Parser, Debug)]
+#[command(
+    name = "drainit",
+    version,
+    about = "A container init that drains: reaps, forwards signals, serves /healthz and /readyz, \
+             and on SIGTERM fails readiness, waits a pre-drain delay, forwards, and enforces a drain timeout.",
+    after_help = EXAMPLES,
+    override_usage = "drainit [FLAGS] [--] CMD [ARGS...]"
+)]
+pub struct Cli {
+    /// Probe server address (/healthz, /readyz), or `off` [default: 0.0.0.0:8079]
+    #[arg(long, env = "DRAINIT_PROBE_ADDR", value_name = "ADDR")]
+    pub probe_addr: Option<String>,
+    /// Beat 2: keep serving this long after the drain signal [default: 5s]
+    #[arg(long, env = "DRAINIT_PRE_DRAIN_DELAY", value_name = "DUR")]
+    pub pre_drain_delay: Option<String>,
+    /// Beat 3: how long descendants get after the forward before SIGKILL [default: 20s]
+    #[arg(long, env = "DRAINIT_DRAIN_TIMEOUT", value_name = "DUR")]
+    pub drain_timeout: Option<String>,
+    /// The platform's wait before SIGKILL (Kubernetes terminationGracePeriodSeconds), for the budget check [default: 30s]
+    #[arg(long, env = "DRAINIT_GRACE_PERIOD", value_name = "DUR")]
+    pub grace_period: Option<String>,
+    /// Refuse to start (exit 78) when delay + timeout + teardown does not fit the grace period
+    #[arg(long, env = "DRAINIT_STRICT_BUDGET", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub strict_budget: Option<String>,
+    /// A signal that starts a drain (repeatable; replaces the default TERM, INT, QUIT) [env: DRAINIT_DRAIN_SIGNAL]
+    #[arg(long, value_name = "SIG")]
+    pub drain_signal: Vec<String>,
+    /// What a second drain signal does: skip (cut the pending wait short) or ignore [default: skip]
+    #[arg(long, env = "DRAINIT_SECOND_SIGNAL", value_name = "skip|ignore")]
+    pub second_signal: Option<String>,
+    /// Who receives forwarded signals: the main child, or its process group [default: child]
+    #[arg(long, env = "DRAINIT_FORWARD_TO", value_name = "child|group")]
+    pub forward_to: Option<String>,
+    /// Rewrite a forwarded signal, e.g. TERM:QUIT; TO may be 0 to drop it (repeatable) [env: DRAINIT_REWRITE]
+    #[arg(long, value_name = "FROM:TO")]
+    pub rewrite: Vec<String>,
+    /// Readiness check: a TCP connection to ADDR is accepted (repeatable) [env: DRAINIT_READY_TCP]
+    #[arg(long, value_name = "ADDR")]
+    pub ready_tcp: Vec<String>,
+    /// Readiness check: GET URL answers 200-399 (repeatable) [env: DRAINIT_READY_HTTP]
+    #[arg(long, value_name = "URL")]
+    pub ready_http: Vec<String>,
+    /// Readiness check: the command (shell words, run without a shell) exits 0 (repeatable) [env: DRAINIT_READY_EXEC]
+    #[arg(long, value_name = "CMD")]
+    pub ready_exec: Vec<String>,
+    /// Readiness check: PATH exists (repeatable) [env: DRAINIT_READY_FILE]
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Vec<String>,
+    /// Readiness through NOTIFY_SOCKET: the app sends READY=1 (systemd's sd_notify protocol)
+    #[arg(long, env = "DRAINIT_READY_NOTIFY", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub ready_notify: Option<String>,
+    /// Timeout of each readiness check [default: 1s]
+    #[arg(long, env = "DRAINIT_CHECK_TIMEOUT", value_name = "DUR")]
+    pub check_timeout: Option<String>,
+    /// How often checks are polled while starting [default: 100ms]
+    #[arg(long, env = "DRAINIT_READY_INTERVAL", value_name = "DUR")]
+    pub ready_interval: Option<String>,
+    /// A teardown step (shell words, run without a shell) after the drain (repeatable, run in order) [env: DRAINIT_TEARDOWN]
+    #[arg(long, value_name = "CMD")]
+    pub teardown: Vec<String>,
+    /// Timeout of each teardown step [default: 5s]
+    #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
+    pub teardown_timeout: Option<String>,
+    /// Also write the exit report (JSON) to PATH, atomically
+    #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
+    pub report_file: Option<String>,
+    /// TOML configuration file (keys as the flags, snake_case)
+    #[arg(long, env = "DRAINIT_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Print the resolved configuration and the grace budget, then exit (0, or 78)
+    #[arg(long)]
+    pub check_config: bool,
+    /// Format of drainit's own log lines on stderr: text or json [default: text]
+    #[arg(long, env = "DRAINIT_LOG_FORMAT", value_name = "text|json")]
+    pub log_format: Option<String>,
+    /// error, warn, info, debug or off [default: info]
+    #[arg(long, env = "DRAINIT_LOG_LEVEL", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// The command to run and its arguments
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Where the probe server listens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeAddr {
+    Off,
+    /// `explicit`: given by the user (a bind failure is then fatal, exit 78).
+    Listen { addr: SocketAddr, explicit: bool },
+}
+
+/// Who receives forwarded signals (`--forward-to`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardTo {
+    Child,
+    Group,
+}
+
+/// One readiness check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// Shown in `/readyz` under `checks`.
+    pub name: String,
+    pub kind: CheckKind,
+    /// Bound on one evaluation.
+    pub timeout: Duration,
+}
+
+/// What a check looks at (DESIGN §7).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckKind {
+    /// `host:port`; passes when a connection is accepted.
+    Tcp(String),
+    /// `http://host:port/path`; passes on status 200–399.
+    Http(String),
+    /// argv, run without a shell; passes on exit status 0.
+    Exec(Vec<String>),
+    /// Passes when the path exists.
+    File(PathBuf),
+}
+
+/// One teardown step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TeardownStep {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub timeout: Duration,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub probe_addr: ProbeAddr,
+    /// Beat 2, from T0.
+    pub pre_drain_delay: Duration,
+    /// Beat 3.
+    pub drain_timeout: Duration,
+    /// The platform's grace period (for the budget only).
+    pub grace_period: Duration,
+    pub strict_budget: bool,
+    /// Never empty.
+    pub drain_signals: Vec<Signal>,
+    pub second_signal: SecondSignal,
+    pub forward_to: ForwardTo,
+    pub rewrite: RewriteMap,
+    pub checks: Vec<Check>,
+    pub ready_notify: bool,
+    pub ready_interval: Duration,
+    pub teardown: Vec<TeardownStep>,
+    pub report_file: Option<PathBuf>,
+    pub check_config: bool,
+    pub log_format: LogFormat,
+    pub log_level: log::LevelFilter,
+    /// argv of the child; empty only with `--check-config`.
+    pub command: Vec<OsString>,
+}
+
+/// A configuration problem, with the exit code it maps to.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn usage(message: String) -> ConfigError {
+        ConfigError { code: EXIT_USAGE, message }
+    }
+    fn config(message: String) -> ConfigError {
+        ConfigError { code: EXIT_CONFIG, message }
+    }
+}
+
+/// The TOML file's shape (`--config`). Unknown keys are rejected.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    probe_addr: Option<toml::Spanned<String>>,
+    pre_drain_delay: Option<toml::Spanned<String>>,
+    drain_timeout: Option<toml::Spanned<String>>,
+    grace_period: Option<toml::Spanned<String>>,
+    strict_budget: Option<bool>,
+    drain_signal: Option<Vec<toml::Spanned<String>>>,
+    second_signal: Option<toml::Spanned<String>>,
+    forward_to: Option<toml::Spanned<String>>,
+    rewrite: Option<Vec<toml::Spanned<String>>>,
+    ready_notify: Option<bool>,
+    check_timeout: Option<toml::Spanned<String>>,
+    ready_interval: Option<toml::Spanned<String>>,
+    teardown_timeout: Option<toml::Spanned<String>>,
+    report_file: Option<String>,
+    log_format: Option<toml::Spanned<String>>,
+    log_level: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    check: Vec<FileCheck>,
+    #[serde(default)]
+    teardown: Vec<FileTeardown>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileCheck {
+    name: Option<String>,
+    tcp: Option<String>,
+    http: Option<String>,
+    exec: Option<Vec<String>>,
+    file: Option<String>,
+    timeout: Option<toml::Spanned<String>>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileTeardown {
+    name: Option<String>,
+    command: Vec<String>,
+    timeout: Option<toml::Spanned<String>>,
+}
+
+/// Where a value came from, for the error message.
+enum Origin<'a> {
+    Flag(&'static str),
+    Env(String),
+    File { path: &'a str, text: &'a str, key: &'static str, span: std::ops::Range<usize> },
+    Default,
+}
+
+impl Origin<'_> {
+    fn error(&self, msg: &str) -> ConfigError {
+        match self {
+            Origin::Flag(f) => ConfigError::usage(format!("invalid value for --{f}: {msg}")),
+            Origin::Env(v) => ConfigError::config(format!("invalid value in environment variable {v}: {msg}")),
+            Origin::File { path, text, key, span } => {
+                let (line, col) = line_col(text, span.start);
+                ConfigError::config(format!("{path}:{line}:{col}: invalid value for key `{key}`: {msg}"))
+            }
+            Origin::Default => ConfigError { code: 1, message: format!("built-in default is invalid: {msg}") },
+        }
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// Parses a duration as written on the command line: `500ms`, `5s`, `1m`, `1m30s`,
+/// or `0`. Uses humantime's grammar.
+///
+/// # Errors
+/// A message quoting the value.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(t).map_err(|e| format!("'{s}' is not a duration like 500ms, 5s or 1m ({e})"))
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(format!("'{s}' is not a boolean (true or false)")),
+    }
+}
+
+fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    s.trim()
+        .parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|_| format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')"))
+}
+
+fn parse_tcp_target(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let (host, port) = t.rsplit_once(':').ok_or_else(|| format!("'{s}' is not host:port"))?;
+    if host.is_empty() {
+        return Err(format!("'{s}' has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(t.to_string()),
+        _ => Err(format!("'{s}' has no valid port (1-65535)")),
+    }
+}
+
+fn parse_http_target(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let rest = t
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("'{}' is not an http:// URL", redact_url(s)))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let hostport = authority.rsplit('@').next().unwrap_or("");
+    if hostport.is_empty() {
+        return Err(format!("'{}' has no host", redact_url(s)));
+    }
+    if let Some((_, port)) = hostport.rsplit_once(':')
+        && !port.ends_with(']')
+        && port.parse::<u16>().is_err()
+    {
+        return Err(format!("'{}' has no valid port", redact_url(s)));
+    }
+    Ok(t.to_string())
+}
+
+/// A URL with any `user:password@` replaced, for messages.
+pub fn redact_url(s: &str) -> String {
+    if let Some((scheme, rest)) = s.split_once("://") {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if let Some((_, host)) = authority.rsplit_once('@') {
+            return format!("{scheme}://***@{host}{path}");
+        }
+    }
+    s.to_string()
+}
+
+fn parse_words(s: &str) -> Result<Vec<String>, String> {
+    let words = shell_words::split(s).map_err(|e| format!("'{s}' is not valid shell words ({e})"))?;
+    if words.is_empty() {
+        return Err("the command is empty".into());
+    }
+    Ok(words)
+}
+
+fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
+    s.trim()
+        .parse::<log::LevelFilter>()
+        .map_err(|_| format!("'{s}' is not a log level (error, warn, info, debug, trace, off)"))
+}
+
+fn parse_second(s: &str) -> Result<SecondSignal, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "skip" => Ok(SecondSignal::Skip),
+        "ignore" => Ok(SecondSignal::Ignore),
+        _ => Err(format!("'{s}' is not skip or ignore")),
+    }
+}
+
+fn parse_forward(s: &str) -> Result<ForwardTo, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "child" => Ok(ForwardTo::Child),
+        "group" => Ok(ForwardTo::Group),
+        _ => Err(format!("'{s}' is not child or group")),
+    }
+}
+
+fn parse_format(s: &str) -> Result<LogFormat, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("'{s}' is not text or json")),
+    }
+}
+
+/// Environment lookup, injectable for tests.
+pub trait Env {
+    fn get(&self, key: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok()
+    }
+}
+
+struct Resolver<'a> {
+    m: &'a ArgMatches,
+    env: &'a dyn Env,
+    file: &'a FileConfig,
+    path: String,
+    text: String,
+}
+
+impl Resolver<'_> {
+    /// flag (or its clap-read env var) > file > default.
+    fn scalar<T>(
+        &self,
+        id: &'static str,
+        cli: &Option<String>,
+        file: &Option<toml::Spanned<String>>,
+        default: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        if let Some(v) = cli {
+            let origin = match self.m.value_source(id) {
+                Some(ValueSource::EnvVariable) => Origin::Env(env_name(id)),
+                _ => Origin::Flag(flag_name(id)),
+            };
+            return parse(v).map_err(|e| origin.error(&e));
+        }
+        if let Some(v) = file {
+            return parse(v.get_ref()).map_err(|e| self.file_origin(id, v.span()).error(&e));
+        }
+        parse(default).map_err(|e| Origin::Default.error(&e))
+    }
+
+    fn file_origin(&self, key: &'static str, span: std::ops::Range<usize>) -> Origin<'_> {
+        Origin::File { path: &self.path, text: &self.text, key, span }
+    }
+
+    /// A repeatable flag: the command line, else `DRAINIT_<FLAG>` split on commas,
+    /// else `None` (the caller falls back to the file).
+    fn list(&self, id: &'static str, cli: &[String]) -> Option<(Vec<String>, Origin<'static>)> {
+        if !cli.is_empty() {
+            return Some((cli.to_vec(), Origin::Flag(flag_name(id))));
+        }
+        let var = env_name(id);
+        let v = self.env.get(&var)?;
+        let items: Vec<String> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        Some((items, Origin::Env(var)))
+    }
+}
+
+fn flag_name(id: &'static str) -> &'static str {
+    // clap ids are the field names; flags are the same with dashes.
+    match id {
+        "probe_addr" => "probe-addr",
+        "pre_drain_delay" => "pre-drain-delay",
+        "drain_timeout" => "drain-timeout",
+        "grace_period" => "grace-period",
+        "strict_budget" => "strict-budget",
+        "drain_signal" => "drain-signal",
+        "second_signal" => "second-signal",
+        "forward_to" => "forward-to",
+        "rewrite" => "rewrite",
+        "ready_tcp" => "ready-tcp",
+        "ready_http" => "ready-http",
+        "ready_exec" => "ready-exec",
+        "ready_file" => "ready-file",
+        "ready_notify" => "ready-notify",
+        "check_timeout" => "check-timeout",
+        "ready_interval" => "ready-interval",
+        "teardown" => "teardown",
+        "teardown_timeout" => "teardown-timeout",
+        "report_file" => "report-file",
+        "log_format" => "log-format",
+        "log_level" => "log-level",
+        _ => id,
+    }
+}
+
+fn env_name(id: &str) -> String {
+    format!("DRAINIT_{}", id.to_ascii_uppercase())
+}
+
+/// Parses the process's command line and environment and the config file.
+///
+/// # Errors
+/// `--help` / `--version` come back as code 0 with the text to print on stdout;
+/// everything else as 64 (command line) or 78 (environment, file) with a message
+/// naming the flag, variable or key.
+pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigError> {
+    let m = match Cli::command().try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+                // clap's own exit code 2 would read as "abandoned" (DESIGN §3).
+                _ => {
+                    // A bad value that clap read from the environment is a
+                    // configuration error, not a usage error.
+                    EXIT_USAGE
+                }
+            };
+            return Err(ConfigError { code, message: e.render().to_string() });
+        }
+    };
+    let cli = Cli::from_arg_matches(&m).map_err(|e| ConfigError::usage(e.to_string()))?;
+    resolve(cli, &m, env)
+}
+
+fn read_file(path: &std::path::Path) -> Result<(FileConfig, String), ConfigError> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::config(format!("reading config file {shown} failed: {}", io_kind(&e))))?;
+    let file: FileConfig = toml::from_str(&text).map_err(|e| {
+        let at = e.span().map(|s| {
+            let (l, c) = line_col(&text, s.start);
+            format!(":{l}:{c}")
+        });
+        ConfigError::config(format!(
+            "config file {shown}{}: {}",
+            at.unwrap_or_default(),
+            e.message().trim_end()
+        ))
+    })?;
+    Ok((file, text))
+}
+
+fn io_kind(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "not found".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigError> {
+    let (file, text, path) = match &cli.config {
+        Some(p) => {
+            let (f, t) = read_file(p)?;
+            (f, t, p.display().to_string())
+        }
+        None => (FileConfig::default(), String::new(), String::new()),
+    };
+    let r = Resolver { m, env, file: &file, path, text };
+
+    let probe = r.scalar("probe_addr", &cli.probe_addr, &file.probe_addr, "0.0.0.0:8079", parse_probe_addr)?;
+    let explicit = cli.probe_addr.is_some() || file.probe_addr.is_some();
+    let probe_addr = match probe {
+        None => ProbeAddr::Off,
+        Some(addr) => ProbeAddr::Listen { addr, explicit },
+    };
+
+    // Plain-millisecond variables rank below DRAINIT_* and above the file.
+    let ms_env = |var: &str| -> Result<Option<Duration>, ConfigError> {
+        match env.get(var) {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<u64>().map(|n| Some(Duration::from_millis(n))).map_err(|_| {
+                ConfigError::config(format!(
+                    "invalid value in environment variable {var}: '{v}' is not a whole number of milliseconds"
+                ))
+            }),
+        }
+    };
+    let pre_drain_delay = match (&cli.pre_drain_delay, ms_env("PRE_DRAIN_DELAY_MS")?) {
+        (None, Some(d)) => d,
+        _ => r.scalar("pre_drain_delay", &cli.pre_drain_delay, &file.pre_drain_delay, "5s", parse_duration)?,
+    };
+    let drain_timeout = match (&cli.drain_timeout, ms_env("DRAIN_TIMEOUT_MS")?) {
+        (None, Some(d)) => d,
+        _ => r.scalar("drain_timeout", &cli.drain_timeout, &file.drain_timeout, "20s", parse_duration)?,
+    };
+    let grace_period = r.scalar("grace_period", &cli.grace_period, &file.grace_period, "30s", parse_duration)?;
+    let strict_budget = match &cli.strict_budget {
+        Some(_) => r.scalar("strict_budget", &cli.strict_budget, &None, "false", parse_bool)?,
+        None => file.strict_budget.unwrap_or(false),
+    };
+    let ready_notify = match &cli.ready_notify {
+        Some(_) => r.scalar("ready_notify", &cli.ready_notify, &None, "false", parse_bool)?,
+        None => file.ready_notify.unwrap_or(false),
+    };
+    let second_signal = r.scalar("second_signal", &cli.second_signal, &file.second_signal, "skip", parse_second)?;
+    let forward_to = r.scalar("forward_to", &cli.forward_to, &file.forward_to, "child", parse_forward)?;
+    let check_timeout = r.scalar("check_timeout", &cli.check_timeout, &file.check_timeout, "1s", parse_duration)?;
+    let ready_interval = r.scalar("ready_interval", &cli.ready_interval, &file.ready_interval, "100ms", parse_duration)?;
+    if ready_interval.is_zero() {
+        return Err(match m.value_source("ready_interval") {
+            Some(ValueSource::CommandLine) => Origin::Flag("ready-interval"),
+            _ => Origin::Env(env_name("ready_interval")),
+        }
+        .error("must be greater than 0"));
+    }
+    let teardown_timeout =
+        r.scalar("teardown_timeout", &cli.teardown_timeout, &file.teardown_timeout, "5s", parse_duration)?;
+    let log_format = r.scalar("log_format", &cli.log_format, &file.log_format, "text", parse_format)?;
+    let log_level = r.scalar("log_level", &cli.log_level, &file.log_level, "info", parse_level)?;
+    let report_file = cli
+        .report_file
+        .clone()
+        .or_else(|| file.report_file.clone())
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from);
+
+    // Lists: the command line or DRAINIT_* replaces the file's list.
+    let parse_list = |id: &'static str,
+                      cli_vals: &[String],
+                      file_vals: &Option<Vec<toml::Spanned<String>>>,
+                      parse: &dyn Fn(&str) -> Result<Signal, String>|
+     -> Result<Option<Vec<Signal>>, ConfigError> {
+        if let Some((vals, origin)) = r.list(id, cli_vals) {
+            return vals.iter().map(|v| parse(v).map_err(|e| origin.error(&e))).collect::<Result<_, _>>().map(Some);
+        }
+        match file_vals {
+            Some(vals) => vals
+                .iter()
+                .map(|v| parse(v.get_ref()).map_err(|e| r.file_origin(id, v.span()).error(&e)))
+                .collect::<Result<_, _>>()
+                .map(Some),
+            None => Ok(None),
+        }
+    };
+    let drain_signals = parse_list("drain_signal", &cli.drain_signal, &file.drain_signal, &|s| {
+        let sig = Signal::parse(s, false)?;
+        if sig.is_caught() && sig != Signal::CHLD {
+            Ok(sig)
+        } else {
+            Err(format!("{sig} cannot be a drain signal (it is never caught)"))
+        }
+    })?
+    .unwrap_or_else(|| vec![Signal::TERM, Signal::INT, Signal::QUIT]);
+    if drain_signals.is_empty() {
+        return Err(ConfigError::usage("--drain-signal: at least one signal is needed".into()));
+    }
+
+    let mut rewrite = RewriteMap::default();
+    let pairs: Vec<(String, Origin)> = match r.list("rewrite", &cli.rewrite) {
+        Some((vals, origin)) => {
+            let mut v = Vec::new();
+            for s in vals {
+                let (a, b) = RewriteMap::parse_pair(&s).map_err(|e| origin.error(&e))?;
+                rewrite.insert(a, b);
+                v.push((s, Origin::Default));
+            }
+            v
+        }
+        None => {
+            for s in file.rewrite.iter().flatten() {
+                let (a, b) =
+                    RewriteMap::parse_pair(s.get_ref()).map_err(|e| r.file_origin("rewrite", s.span()).error(&e))?;
+                rewrite.insert(a, b);
+            }
+            Vec::new()
+        }
+    };
+    drop(pairs);
+
+    // Checks.
+    let mut checks = Vec::new();
+    let cli_checks = [
+        ("ready_tcp", &cli.ready_tcp),
+        ("ready_http", &cli.ready_http),
+        ("ready_exec", &cli.ready_exec),
+        ("ready_file", &cli.ready_file),
+    ];
+    let mut any_cli = false;
+    for (id, vals) in cli_checks {
+        let Some((vals, origin)) = r.list(id, vals) else { continue };
+        any_cli = true;
+        for (i, v) in vals.iter().enumerate() {
+            let kind = match id {
+                "ready_tcp" => CheckKind::Tcp(parse_tcp_target(v).map_err(|e| origin.error(&e))?),
+                "ready_http" => CheckKind::Http(parse_http_target(v).map_err(|e| origin.error(&e))?),
+                "ready_exec" => CheckKind::Exec(parse_words(v).map_err(|e| origin.error(&e))?),
+                _ => CheckKind::File(PathBuf::from(v)),
+            };
+            let prefix = &id["ready_".len()..];
+            let name = if vals.len() == 1 { prefix.to_string() } else { format!("{prefix}-{}", i + 1) };
+            checks.push(Check { name, kind, timeout: check_timeout });
+        }
+    }
+    if !any_cli {
+        for (i, c) in file.check.iter().enumerate() {
+            let at = |msg: String| ConfigError::config(format!("{}: [[check]] #{}: {msg}", r.path, i + 1));
+            let kinds: Vec<CheckKind> = [
+                c.tcp.as_deref().map(|v| parse_tcp_target(v).map(CheckKind::Tcp)),
+                c.http.as_deref().map(|v| parse_http_target(v).map(CheckKind::Http)),
+                c.exec.clone().map(|v| {
+                    if v.is_empty() { Err("exec is an empty command".into()) } else { Ok(CheckKind::Exec(v)) }
+                }),
+                c.file.as_deref().map(|v| Ok(CheckKind::File(PathBuf::from(v)))),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Result<_, String>>()
+            .map_err(at)?;
+            if kinds.len() != 1 {
+                return Err(at("needs exactly one of tcp, http, exec, file".into()));
+            }
+            let timeout = match &c.timeout {
+                Some(t) => parse_duration(t.get_ref()).map_err(|e| r.file_origin("timeout", t.span()).error(&e))?,
+                None => check_timeout,
+            };
+            let name = c.name.clone().unwrap_or_else(|| format!("check-{}", i + 1));
+            checks.push(Check { name, kind: kinds.into_iter().next().expect("exactly one kind, checked above"), timeout });
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for c in &checks {
+        if !seen.insert(c.name.clone()) {
+            return Err(ConfigError::config(format!("two readiness checks are named '{}'", c.name)));
+        }
+    }
+
+    // Teardown.
+    let mut teardown = Vec::new();
+    match r.list("teardown", &cli.teardown) {
+        Some((vals, origin)) => {
+            for v in vals {
+                let argv = parse_words(&v).map_err(|e| origin.error(&e))?;
+                let name = step_name(&argv);
+                teardown.push(TeardownStep { name, argv, timeout: teardown_timeout });
+            }
+        }
+        None => {
+            for (i, t) in file.teardown.iter().enumerate() {
+                if t.command.is_empty() {
+                    return Err(ConfigError::config(format!("{}: [[teardown]] #{}: command is empty", r.path, i + 1)));
+                }
+                let timeout = match &t.timeout {
+                    Some(d) => parse_duration(d.get_ref()).map_err(|e| r.file_origin("timeout", d.span()).error(&e))?,
+                    None => teardown_timeout,
+                };
+                let name = t.name.clone().unwrap_or_else(|| step_name(&t.command));
+                teardown.push(TeardownStep { name, argv: t.command.clone(), timeout });
+            }
+        }
+    }
+
+    if cli.command.is_empty() && !cli.check_config {
+        return Err(ConfigError::usage(
+            "no command given\n\nUsage: drainit [FLAGS] [--] CMD [ARGS...]\n\nFor more information, try '--help'.".into(),
+        ));
+    }
+
+    let config = Config {
+        probe_addr,
+        pre_drain_delay,
+        drain_timeout,
+        grace_period,
+        strict_budget,
+        drain_signals,
+        second_signal,
+        forward_to,
+        rewrite,
+        checks,
+        ready_notify,
+        ready_interval,
+        teardown,
+        report_file,
+        check_config: cli.check_config,
+        log_format,
+        log_level,
+        command: cli.command,
+    };
+    if config.strict_budget && !config.budget().fits() {
+        return Err(ConfigError::config(format!("the grace budget does not fit (--strict-budget): {}", config.budget())));
+    }
+    Ok(config)
+}
+
+fn step_name(argv: &[String]) -> String {
+    let first = argv.first().map(String::as_str).unwrap_or("step");
+    first.rsplit('/').next().unwrap_or(first).to_string()
+}
+
+/// The grace-budget arithmetic of DESIGN §8: what the drain may take at most,
+/// against what the platform waits before SIGKILL.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Budget {
+    pub pre_drain_delay: Duration,
+    pub drain_timeout: Duration,
+    /// One per step.
+    pub teardown: Vec<Duration>,
+    pub grace_period: Duration,
+}
+
+/// The spare a budget must leave under the grace period.
+pub const BUDGET_SPARE: Duration = Duration::from_secs(1);
+
+impl Budget {
+    /// delay + timeout + every teardown timeout.
+    pub fn total(&self) -> Duration {
+        self.pre_drain_delay + self.drain_timeout + self.teardown.iter().sum::<Duration>()
+    }
+
+    /// Whether the total fits under the grace period with [`BUDGET_SPARE`] to spare.
+    pub fn fits(&self) -> bool {
+        self.total() + BUDGET_SPARE <= self.grace_period
+    }
+}
+
+fn fmt_dur(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+impl std::fmt::Display for Budget {
+    /// `pre-drain delay 5s + drain timeout 20s + teardown 0s = 25s of grace period 30s (5s spare)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let td: Duration = self.teardown.iter().sum();
+        let mut steps = String::new();
+        if self.teardown.len() > 1 {
+            steps = format!(" ({})", self.teardown.iter().map(|d| fmt_dur(*d)).collect::<Vec<_>>().join(" + "));
+        }
+        write!(
+            f,
+            "pre-drain delay {} + drain timeout {} + teardown {}{} = {} of grace period {}",
+            fmt_dur(self.pre_drain_delay),
+            fmt_dur(self.drain_timeout),
+            fmt_dur(td),
+            steps,
+            fmt_dur(self.total()),
+            fmt_dur(self.grace_period)
+        )?;
+        if self.fits() {
+            write!(f, " ({} spare)", fmt_dur(self.grace_period - self.total()))
+        } else {
+            write!(f, " (does not fit with {} to spare)", fmt_dur(BUDGET_SPARE))
+        }
+    }
+}
+
+impl Config {
+    /// The grace budget of this configuration.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            pre_drain_delay: self.pre_drain_delay,
+            drain_timeout: self.drain_timeout,
+            teardown: self.teardown.iter().map(|t| t.timeout).collect(),
+            grace_period: self.grace_period,
+        }
+    }
+
+    /// The resolved configuration as TOML-like text, for `--check-config`.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let probe = match &self.probe_addr {
+            ProbeAddr::Off => "off".to_string(),
+            ProbeAddr::Listen { addr, .. } => addr.to_string(),
+        };
+        let q = |v: &str| format!("{v:?}");
+        let _ = writeln!(s, "probe_addr = {}", q(&probe));
+        let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
+        let _ = writeln!(s, "drain_timeout = {}", q(&fmt_dur(self.drain_timeout)));
+        let _ = writeln!(s, "grace_period = {}", q(&fmt_dur(self.grace_period)));
+        let _ = writeln!(s, "strict_budget = {}", self.strict_budget);
+        let sigs: Vec<String> = self.drain_signals.iter().map(|s| q(&s.to_string())).collect();
+        let _ = writeln!(s, "drain_signal = [{}]", sigs.join(", "));
+        let second = match self.second_signal {
+            SecondSignal::Skip => "skip",
+            SecondSignal::Ignore => "ignore",
+        };
+        let _ = writeln!(s, "second_signal = {}", q(second));
+        let fwd = match self.forward_to {
+            ForwardTo::Child => "child",
+            ForwardTo::Group => "group",
+        };
+        let _ = writeln!(s, "forward_to = {}", q(fwd));
+        let rw: Vec<String> = self.rewrite.pairs().iter().map(|(a, b)| q(&format!("{a}:{}", b.0))).collect();
+        let rw: Vec<String> = rw
+            .into_iter()
+            .zip(self.rewrite.pairs())
+            .map(|(_, (a, b))| if b.0 == 0 { q(&format!("{a}:0")) } else { q(&format!("{a}:{b}")) })
+            .collect();
+        let _ = writeln!(s, "rewrite = [{}]", rw.join(", "));
+        let _ = writeln!(s, "ready_notify = {}", self.ready_notify);
+        let _ = writeln!(s, "ready_interval = {}", q(&fmt_dur(self.ready_interval)));
+        if let Some(p) = &self.report_file {
+            let _ = writeln!(s, "report_file = {}", q(&p.display().to_string()));
+        }
+        let _ = writeln!(s, "log_format = {}", q(if self.log_format == LogFormat::Json { "json" } else { "text" }));
+        let _ = writeln!(s, "log_level = {}", q(&self.log_level.to_string().to_lowercase()));
+        for c in &self.checks {
+            let _ = writeln!(s, "\n[[check]]\nname = {}", q(&c.name));
+            let _ = match &c.kind {
+                CheckKind::Tcp(a) => writeln!(s, "tcp = {}", q(a)),
+                CheckKind::Http(u) => writeln!(s, "http = {}", q(&redact_url(u))),
+                CheckKind::Exec(v) => {
+                    writeln!(s, "exec = [{}]", v.iter().map(|w| q(w)).collect::<Vec<_>>().join(", "))
+                }
+                CheckKind::File(p) => writeln!(s, "file = {}", q(&p.display().to_string())),
+            };
+            let _ = writeln!(s, "timeout = {}", q(&fmt_dur(c.timeout)));
+        }
+        for t in &self.teardown {
+            let _ = writeln!(s, "\n[[teardown]]\nname = {}", q(&t.name));
+            let _ = writeln!(s, "command = [{}]", t.argv.iter().map(|w| q(w)).collect::<Vec<_>>().join(", "));
+            let _ = writeln!(s, "timeout = {}", q(&fmt_dur(t.timeout)));
+        }
+        let _ = writeln!(s, "\n# grace budget: {}", self.budget());
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct MapEnv(HashMap<String, String>);
+    impl Env for MapEnv {
+        fn get(&self, key: &str) -> Option<String> {
+            self.0.get(key).cloned()
+        }
+    }
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        // clap reads `env = ...` attributes from the real process environment; the
+        // tests that need those set use names no other test uses.
+        let mut a: Vec<OsString> = vec!["drainit".into()];
+        a.extend(args.iter().map(OsString::from));
+        let env = MapEnv(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        load_from(a, &env)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load(&["--", "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay, Duration::from_secs(5));
+        assert_eq!(c.drain_timeout, Duration::from_secs(20));
+        assert_eq!(c.grace_period, Duration::from_secs(30));
+        assert_eq!(c.drain_signals, vec![Signal::TERM, Signal::INT, Signal::QUIT]);
+        assert_eq!(c.probe_addr, ProbeAddr::Listen { addr: "0.0.0.0:8079".parse().unwrap(), explicit: false });
+        assert_eq!(c.forward_to, ForwardTo::Child);
+        assert_eq!(c.command, vec![OsString::from("true")]);
+        assert!(c.budget().fits());
+    }
+
+    #[test]
+    fn command_without_double_dash_keeps_its_flags() {
+        let c = load(&["--probe-addr", "off", "sh", "-c", "exit 3"], &[]).unwrap();
+        assert_eq!(c.command, vec![OsString::from("sh"), "-c".into(), "exit 3".into()]);
+        assert_eq!(c.probe_addr, ProbeAddr::Off);
+    }
+
+    #[test]
+    fn usage_errors_are_64_and_name_the_flag() {
+        let e = load(&["--no-such-flag", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+        let e = load(&["--drain-timeout", "soon", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+        assert!(e.message.contains("--drain-timeout") && e.message.contains("soon"), "{}", e.message);
+        let e = load(&["--rewrite", "TERM", "true"], &[]).unwrap_err();
+        assert!(e.message.contains("--rewrite"), "{}", e.message);
+        let e = load(&[], &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+        let e = load(&["--drain-signal", "KILL", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+    }
+
+    #[test]
+    fn repeatable_flags_from_env_split_on_commas_and_errors_are_78() {
+        let c = load(&["true"], &[("DRAINIT_REWRITE", "TERM:QUIT, HUP:USR1")]).unwrap();
+        assert_eq!(c.rewrite.apply(Signal::TERM), Some(Signal::QUIT));
+        assert_eq!(c.rewrite.apply(Signal::HUP), Some(Signal(libc::SIGUSR1)));
+        let e = load(&["true"], &[("DRAINIT_DRAIN_SIGNAL", "TERM,NOPE")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("DRAINIT_DRAIN_SIGNAL") && e.message.contains("NOPE"), "{}", e.message);
+        // The flag wins over the environment.
+        let c = load(&["--drain-signal", "USR1", "true"], &[("DRAINIT_DRAIN_SIGNAL", "TERM")]).unwrap();
+        assert_eq!(c.drain_signals, vec![Signal(libc::SIGUSR1)]);
+    }
+
+    #[test]
+    fn plain_millisecond_variables() {
+        let c = load(&["true"], &[("PRE_DRAIN_DELAY_MS", "250"), ("DRAIN_TIMEOUT_MS", "1500")]).unwrap();
+        assert_eq!(c.pre_drain_delay, Duration::from_millis(250));
+        assert_eq!(c.drain_timeout, Duration::from_millis(1500));
+        let c = load(&["--pre-drain-delay", "1s", "true"], &[("PRE_DRAIN_DELAY_MS", "250")]).unwrap();
+        assert_eq!(c.pre_drain_delay, Duration::from_secs(1));
+        let e = load(&["true"], &[("DRAIN_TIMEOUT_MS", "2s")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("DRAIN_TIMEOUT_MS"));
+    }
+
+    fn write_file(name: &str, text: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("drainit-config-test-{}-{name}.toml", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn file_values_rank_below_flags_and_above_defaults() {
+        let p = write_file(
+            "prec",
+            "pre_drain_delay = \"2s\"\ndrain_timeout = \"7s\"\n\n[[check]]\nname = \"db\"\ntcp = \"127.0.0.1:5432\"\ntimeout = \"500ms\"\n\n[[teardown]]\nname = \"flush\"\ncommand = [\"sync\"]\ntimeout = \"2s\"\n",
+        );
+        let c = load(&["--config", p.to_str().unwrap(), "--drain-timeout", "9s", "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay, Duration::from_secs(2));
+        assert_eq!(c.drain_timeout, Duration::from_secs(9));
+        assert_eq!(c.checks.len(), 1);
+        assert_eq!(c.checks[0].name, "db");
+        assert_eq!(c.checks[0].timeout, Duration::from_millis(500));
+        assert_eq!(c.teardown[0].name, "flush");
+        assert_eq!(c.budget().total(), Duration::from_secs(13));
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn file_errors_name_the_key_line_and_column() {
+        let p = write_file("bad", "pre_drain_delay = \"2s\"\ndrain_timeout = \"soon\"\n");
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains(":2:17") && e.message.contains("drain_timeout"), "{}", e.message);
+        let p2 = write_file("unknown", "pre_drain_delay = \"2s\"\nfrobnicate = 1\n");
+        let e = load(&["--config", p2.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("frobnicate") && e.message.contains(":2:1"), "{}", e.message);
+        let e = load(&["--config", "/nonexistent/drainit.toml", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        let _ = std::fs::remove_file(p);
+        let _ = std::fs::remove_file(p2);
+    }
+
+    #[test]
+    fn strict_budget_refuses_what_does_not_fit() {
+        let e = load(&["--strict-budget", "--pre-drain-delay", "10s", "--drain-timeout", "20s", "true"], &[])
+            .unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("pre-drain delay 10s"), "{}", e.message);
+        // 29 s + 1 s spare fits exactly.
+        let c = load(&["--strict-budget", "--pre-drain-delay", "9s", "true"], &[]).unwrap();
+        assert!(c.budget().fits());
+    }
+
+    #[test]
+    fn checks_from_flags() {
+        let c = load(
+            &["--ready-tcp", "127.0.0.1:8080", "--ready-exec", "pg_isready -h 'a b'", "--check-timeout", "500ms", "true"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.checks[0].kind, CheckKind::Tcp("127.0.0.1:8080".into()));
+        assert_eq!(c.checks[1].kind, CheckKind::Exec(vec!["pg_isready".into(), "-h".into(), "a b".into()]));
+        assert_eq!(c.checks[1].timeout, Duration::from_millis(500));
+        assert!(load(&["--ready-tcp", "localhost", "true"], &[]).is_err());
+        let e = load(&["--ready-http", "https://u:secret@h/x", "true"], &[]).unwrap_err();
+        assert!(!e.message.contains("secret"), "{}", e.message);
+    }
+}

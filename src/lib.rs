@@ -1,0 +1,63 @@
+//! drainit: a container init that drains.
+//!
+//! # Theory of operation
+//!
+//! **The process tree.** drainit runs as PID 1 of a container (or as the main
+//! process of a systemd unit, or under a test script). It spawns one *main child*,
+//! the application, as the leader of a new process group. Everything the child
+//! starts is a *descendant*; when a process's parent dies, the kernel re-parents it
+//! to PID 1, or, when drainit is not PID 1, to drainit, which makes itself a *child
+//! subreaper* (`PR_SET_CHILD_SUBREAPER`). So every process drainit is responsible
+//! for has a parent chain that leads to drainit, and `/proc` finds them all, daemons
+//! that called `setsid` or double-forked included ([`procs`]).
+//!
+//! **Who waits.** Exactly one place calls `waitpid`: the [`reaper`], looped to
+//! exhaustion each time the loop reads SIGCHLD. Anything else that waits for a
+//! process (the main child, exec checks, teardown steps) registers the pid first
+//! and gets the status on a channel. Anything reaped that nobody registered is an
+//! orphan and is counted in the report.
+//!
+//! **Signals.** drainit installs no signal handler. At start it blocks every
+//! catchable signal but the fault signals and SIGPIPE, and reads them from a
+//! `signalfd` ([`signals`]). The child is forked with everything still blocked and
+//! restores, before `exec`, the mask drainit inherited; since drainit never changed
+//! a disposition, the child inherits drainit's inherited dispositions as they were
+//! (`nohup drainit -- app` keeps ignoring HUP). Signals that are not drain signals
+//! are forwarded at once to the child (or its group), after `--rewrite`.
+//!
+//! **Who kills.** Only the [`supervisor`] sends signals, and only to processes it
+//! has just seen alive and unreaped, in the same synchronous step, on the one
+//! runtime thread that also reaps: a pid is never signalled after it was reaped.
+//! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
+//! process of this PID namespace".
+//!
+//! **The drain timeline.** T0 is the first drain signal (TERM, INT, QUIT by
+//! default). Beat 1, in the same step that read the signal: the phase becomes
+//! `draining` (so `/readyz` answers 503) and the in-flight descendants are counted.
+//! Beat 2: the app keeps serving for the pre-drain delay while load balancers
+//! catch up. Beat 3, at T0 + delay: the drain signal is forwarded once to the main
+//! child (or its group); when the child has exited, every remaining descendant gets
+//! it too, once; at T0 + delay + drain timeout whatever is left is SIGKILLed and
+//! counted *abandoned*. Then `stopping`: teardown steps, the exit report, the exit
+//! code (0 clean, 2 abandoned or teardown failed). The policy is the pure state
+//! machine in [`drain`]; the [`supervisor`] only drives it.
+//!
+//! **The two error regimes.** Before the spawn, everything fallible happens (flags,
+//! config file, probe socket, signalfd) and a failure exits at once with a message
+//! "<action> failed: <cause>" and the documented code (64, 78, 1), so bad input
+//! never leaves a half-started app. After the spawn nothing leaves the event loop
+//! but the planned exit: errors are logged and the loop carries on.
+
+#![deny(unsafe_code)]
+
+pub mod checks;
+pub mod config;
+pub mod drain;
+pub mod logging;
+pub mod probe;
+pub mod procs;
+pub mod reaper;
+pub mod report;
+pub mod signals;
+pub mod spawn;
+pub mod supervisor;

@@ -1,0 +1,182 @@
+//! drainit's entry point: it only wires (ripgrep's `main`).
+//!
+//! config → logger → probe socket → signalfd → spawn → loop → report → exit code.
+//! Every fallible setup step happens before the spawn.
+
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::io::Write;
+use std::rc::Rc;
+
+use drainit::checks::Checks;
+use drainit::config::{self, EXIT_CONFIG, ProbeAddr, ProcessEnv};
+use drainit::probe::{self, Published};
+use drainit::reaper::Reaper;
+use drainit::report::Report;
+use drainit::signals::{self, SignalStream};
+use drainit::spawn::{self, ChildSpec};
+use drainit::supervisor::Supervisor;
+use drainit::logging;
+
+/// drainit itself failed (DESIGN §3).
+const EXIT_INTERNAL: i32 = 1;
+
+fn main() {
+    std::process::exit(run());
+}
+
+/// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):
+/// passed on to the child, then closed in drainit so it never holds them.
+fn inherited_fds() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut fds: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    // The directory handle used for the listing is gone by now; drop what no longer
+    // exists.
+    fds.retain(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok());
+    fds
+}
+
+fn run() -> i32 {
+    let inherited = inherited_fds();
+    // Block the caught signals before any thread exists: every later thread
+    // inherits the block, and nothing is lost before the signalfd is read.
+    let mask = match signals::block_caught() {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "drainit: error: blocking signals failed: {e}");
+            return EXIT_INTERNAL;
+        }
+    };
+    let cfg = match config::load_from(std::env::args_os().collect(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) if e.code == 0 => {
+            let _ = std::io::stdout().write_all(e.message.as_bytes());
+            return 0;
+        }
+        Err(e) => {
+            let msg = e.message.trim_end();
+            let msg = msg.strip_prefix("error: ").unwrap_or(msg);
+            let _ = writeln!(std::io::stderr(), "drainit: error: {msg}");
+            return e.code;
+        }
+    };
+    logging::init(cfg.log_format, cfg.log_level);
+    if cfg.check_config {
+        let _ = std::io::stdout().write_all(cfg.render().as_bytes());
+        let budget = cfg.budget();
+        if !budget.fits() {
+            log::warn!("grace budget: {budget}");
+        }
+        return 0;
+    }
+    let budget = cfg.budget();
+    if budget.fits() {
+        log::info!("grace budget: {budget}");
+    } else {
+        log::warn!("grace budget: {budget}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)");
+    }
+
+    let listener = match &cfg.probe_addr {
+        ProbeAddr::Off => None,
+        ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
+            Ok(l) => Some(l),
+            Err(e) if *explicit => {
+                log::error!("binding the probe address {addr} failed: {}", io_kind(&e));
+                return EXIT_CONFIG;
+            }
+            Err(e) => {
+                log::warn!("binding the default probe address {addr} failed ({}); running without probes", io_kind(&e));
+                None
+            }
+        },
+    };
+
+    let is_pid1 = std::process::id() == 1;
+    if !is_pid1 && let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        log::warn!("becoming a child subreaper failed: {e}; orphans will pass drainit by");
+    }
+
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build() {
+        Ok(r) => r,
+        Err(e) => {
+            log::error!("starting the runtime failed: {e}");
+            return EXIT_INTERNAL;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let signal_stream = match SignalStream::open() {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("opening the signalfd failed: {e}");
+                return EXIT_INTERNAL;
+            }
+        };
+        let reaper = Rc::new(RefCell::new(Reaper::new()));
+        let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
+        let checks = Checks::new(cfg.checks.clone(), reaper.clone());
+
+        let spec = child_spec(&cfg);
+        let pid = match spawn::spawn_child(&spec, mask, spawn::owns_terminal()) {
+            Ok(pid) => pid,
+            Err(e) => {
+                log::error!("{e}");
+                let report = Report::spawn_failed(e.exit_code(), e.kind());
+                report.write(cfg.report_file.as_deref());
+                return e.exit_code();
+            }
+        };
+        reaper.borrow_mut().set_main(pid);
+        log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy());
+        hold_nothing(&inherited);
+
+        if let Some(l) = listener {
+            tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
+        }
+        let report_file = cfg.report_file.clone();
+        let supervisor = Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, pid);
+        let report = supervisor.run().await;
+        report.write(report_file.as_deref());
+        report.exit_code
+    })
+}
+
+/// The child's argv and environment: drainit's environment, without a
+/// `NOTIFY_SOCKET` meant for drainit itself, with `LISTEN_PID` rewritten when it
+/// names drainit (socket activation, sd_listen_fds(3)).
+fn child_spec(cfg: &config::Config) -> ChildSpec {
+    let me = std::process::id().to_string();
+    let mut rewrite_listen_pid = false;
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, v)| {
+            if k == "LISTEN_PID" && v.to_str() == Some(me.as_str()) {
+                rewrite_listen_pid = true;
+            }
+            k != "NOTIFY_SOCKET"
+        })
+        .collect();
+    ChildSpec { argv: cfg.command.clone(), env, rewrite_listen_pid }
+}
+
+/// After the spawn: close the inherited fds (the child has its copies) and leave
+/// the working directory, so drainit never holds a socket open or pins a mount.
+fn hold_nothing(inherited: &[i32]) {
+    for &fd in inherited {
+        let _ = nix::unistd::close(fd);
+    }
+    if let Err(e) = std::env::set_current_dir("/") {
+        log::debug!("changing directory to / failed: {e}");
+    }
+}
+
+fn io_kind(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => "address in use".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        std::io::ErrorKind::AddrNotAvailable => "address not available".into(),
+        _ => e.to_string(),
+    }
+}

@@ -1,0 +1,221 @@
+//! The probe server: `GET|HEAD /healthz` and `/readyz` over HTTP/1.1 (DESIGN §6).
+//!
+//! Owns: answering probes from the published state. It reads a
+//! `tokio::sync::watch` of [`Published`] and evaluates readiness checks through
+//! [`Checks`]; it never takes anything the supervisor needs, so a slow or hostile
+//! client can delay neither signal handling nor the drain.
+//!
+//! Hardening: one request per connection (the kubelet opens a fresh connection per
+//! probe), a header read timeout, a header size cap, a cap on concurrent
+//! connections (past it, new connections are closed at once), and each connection
+//! in its own task, so a panic in one is caught by the runtime and goes no further.
+//!
+//! Never a redirect (the kubelet counts 3xx as success); bodies are small JSON
+//! (the kubelet reads at most 10 KiB) with `Cache-Control: no-store`.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+use crate::checks::{Checks, Evaluation};
+use crate::drain::Phase;
+
+/// How long a client may take to send its request headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one connection may live at most, whatever it does.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+/// Concurrent connections served; more are closed at once.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Request buffer (headers included), bytes.
+pub const MAX_HEADER_BYTES: usize = 8 * 1024;
+
+/// What the supervisor publishes for the probes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Published {
+    pub phase: Phase,
+    /// `STATUS=` text from the app (sd_notify), shown in `/readyz`.
+    pub status_text: Option<String>,
+    /// The app announced its own drain (`STOPPING=1`): readiness fails.
+    pub app_stopping: bool,
+    /// `false` when the app's sd_notify watchdog stopped beating: `/healthz` 503.
+    pub watchdog_ok: bool,
+}
+
+impl Published {
+    pub fn new() -> Published {
+        Published { phase: Phase::Starting, status_text: None, app_stopping: false, watchdog_ok: true }
+    }
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published::new()
+    }
+}
+
+/// Binds the probe socket (before the child is spawned, so a taken port is a
+/// configuration error and never a half-started app). Close-on-exec, like every fd
+/// of drainit's own.
+///
+/// # Errors
+/// `bind(2)`/`listen(2)` failed (address in use, permission denied …).
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// Serves probes until the runtime stops. Spawn it with `spawn_local`.
+pub async fn serve(listener: std::net::TcpListener, state: watch::Receiver<Published>, checks: Rc<Checks>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!("probe server failed: {e}");
+            return;
+        }
+    };
+    let open = Rc::new(Cell::new(0usize));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                log::debug!("probe accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if open.get() >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        open.set(open.get() + 1);
+        let guard = OpenGuard(open.clone());
+        let state = state.clone();
+        let checks = checks.clone();
+        tokio::task::spawn_local(async move {
+            let _guard = guard;
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                let checks = checks.clone();
+                async move { Ok::<_, Infallible>(answer(&req, &state, &checks).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .keep_alive(false)
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(CONNECTION_DEADLINE, conn).await;
+        });
+    }
+}
+
+struct OpenGuard(Rc<Cell<usize>>);
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+fn respond(status: StatusCode, body: Value, head: bool) -> Response<Full<Bytes>> {
+    let bytes = if head { Bytes::new() } else { Bytes::from(body.to_string()) };
+    let mut b = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-store");
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        b = b.header(header::ALLOW, "GET, HEAD");
+    }
+    if head {
+        b = b.header(header::CONTENT_LENGTH, body.to_string().len());
+    }
+    b.body(Full::new(bytes)).expect("static headers are valid")
+}
+
+fn checks_json(ev: &Evaluation) -> Value {
+    let mut m = Map::new();
+    for r in &ev.results {
+        let mut c = Map::new();
+        c.insert("ok".into(), Value::Bool(r.ok));
+        if let Some(d) = &r.detail {
+            c.insert("detail".into(), Value::String(d.clone()));
+        }
+        m.insert(r.name.clone(), Value::Object(c));
+    }
+    Value::Object(m)
+}
+
+/// The answer to one request.
+pub async fn answer<B>(req: &Request<B>, state: &watch::Receiver<Published>, checks: &Rc<Checks>) -> Response<Full<Bytes>> {
+    let head = req.method() == Method::HEAD;
+    let path = req.uri().path();
+    if path != "/healthz" && path != "/readyz" {
+        return respond(StatusCode::NOT_FOUND, json!({"status": "not found"}), head);
+    }
+    if req.method() != Method::GET && !head {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, json!({"status": "method not allowed"}), false);
+    }
+    let published = state.borrow().clone();
+    if path == "/healthz" {
+        return if published.watchdog_ok {
+            respond(StatusCode::OK, json!({"status": "ok"}), head)
+        } else {
+            respond(StatusCode::SERVICE_UNAVAILABLE, json!({"status": "watchdog", "detail": "watchdog timed out"}), head)
+        };
+    }
+    let mut body = Map::new();
+    let status = match published.phase {
+        Phase::Starting => {
+            body.insert("status".into(), "starting".into());
+            if let Some(ev) = checks.last() {
+                body.insert("checks".into(), checks_json(&ev));
+            }
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Phase::Ready if published.app_stopping => {
+            body.insert("status".into(), "degraded".into());
+            body.insert("detail".into(), "the app announced STOPPING=1".into());
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Phase::Ready if checks.is_empty() => {
+            body.insert("status".into(), "ready".into());
+            StatusCode::OK
+        }
+        Phase::Ready => {
+            let ev = checks.evaluate().await;
+            // The phase may have changed while the checks ran: a drain wins.
+            let phase = state.borrow().phase;
+            if phase != Phase::Ready {
+                body.insert("status".into(), phase.as_str().into());
+                StatusCode::SERVICE_UNAVAILABLE
+            } else if ev.all_ok() {
+                body.insert("status".into(), "ready".into());
+                body.insert("checks".into(), checks_json(&ev));
+                StatusCode::OK
+            } else {
+                body.insert("status".into(), "degraded".into());
+                body.insert("checks".into(), checks_json(&ev));
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+        Phase::Draining | Phase::Stopping => {
+            body.insert("status".into(), published.phase.as_str().into());
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    };
+    if let Some(text) = published.status_text {
+        body.insert("app_status".into(), text.into());
+    }
+    respond(status, Value::Object(body), head)
+}

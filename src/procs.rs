@@ -1,0 +1,143 @@
+//! The process table as drainit sees it: who its descendants are, read from `/proc`.
+//!
+//! Owns: finding every process drainit is responsible for (DESIGN §5
+//! "Descendants"): every process whose parent chain leads to drainit. As PID 1
+//! that is every process of the PID namespace that the namespace's init adopted or
+//! started; not PID 1, drainit is a child subreaper, so orphans of its tree are
+//! re-parented to it and the chain never breaks. Daemons that called `setsid` or
+//! double-forked are found too: process groups are not enough to find them.
+//!
+//! Must not: signal or wait for anything (only `supervisor.rs` kills, only
+//! `reaper.rs` waits). Reading `/proc` is racy by nature; callers treat the result
+//! as a snapshot.
+
+use std::collections::{HashMap, HashSet};
+
+/// One process, from `/proc/PID/stat`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    /// The kernel's 15-byte command name (`comm`), never the command line.
+    pub comm: String,
+    /// Start time in clock ticks since boot: with `pid`, a process's identity
+    /// (a pid alone may be reused).
+    pub start: u64,
+    /// Exited but not yet reaped by its parent.
+    pub zombie: bool,
+}
+
+impl Proc {
+    /// `(pid, start)`: stable across pid reuse.
+    pub fn id(&self) -> (i32, u64) {
+        (self.pid, self.start)
+    }
+}
+
+/// Parses the text of `/proc/PID/stat`. `comm` may hold spaces and parentheses, so
+/// the fields after it are found from the *last* `)`.
+pub fn parse_stat(text: &str) -> Option<Proc> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let pid = text[..open].trim().parse().ok()?;
+    let comm = text[open + 1..close].to_string();
+    let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    // rest[0] is field 3 (state); field N is rest[N - 3].
+    Some(Proc {
+        pid,
+        comm,
+        zombie: matches!(rest.first()?.chars().next()?, 'Z' | 'X'),
+        ppid: rest.get(1)?.parse().ok()?,
+        pgid: rest.get(2)?.parse().ok()?,
+        start: rest.get(19)?.parse().ok()?,
+    })
+}
+
+/// Every process in this `/proc` (this PID namespace's view).
+pub fn all() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let name = e.file_name();
+        let name = name.to_str()?;
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let text = std::fs::read_to_string(format!("/proc/{name}/stat")).ok()?;
+        parse_stat(&text)
+    })
+    .collect()
+}
+
+/// The live descendants of `root` (zombies excluded, but searched through), leaving
+/// out the subtrees rooted at `exclude` (drainit's own helpers: exec checks and
+/// teardown steps).
+pub fn descendants(root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
+    descendants_in(all(), root, exclude)
+}
+
+/// [`descendants`] over a given table (for tests).
+pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
+    let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
+    for (i, p) in table.iter().enumerate() {
+        children.entry(p.ppid).or_default().push(i);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    let mut seen = HashSet::new();
+    while let Some(pid) = stack.pop() {
+        for &i in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+            let p = &table[i];
+            if p.pid == root || exclude.contains(&p.pid) || !seen.insert(p.pid) {
+                continue;
+            }
+            stack.push(p.pid);
+            if !p.zombie {
+                out.push(p.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The comm of one process, if it still exists.
+pub fn comm(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_comm() {
+        let line = "1234 (a (b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100 18446744073709551615";
+        let p = parse_stat(line).unwrap();
+        assert_eq!((p.pid, p.ppid, p.pgid, p.start, p.zombie), (1234, 1, 1234, 98765, false));
+        assert_eq!(p.comm, "a (b) c");
+        let z = parse_stat("9 (sh) Z 1 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").unwrap();
+        assert!(z.zombie);
+    }
+
+    fn p(pid: i32, ppid: i32, zombie: bool) -> Proc {
+        Proc { pid, ppid, pgid: pid, comm: format!("p{pid}"), start: 0, zombie }
+    }
+
+    #[test]
+    fn walks_the_tree_through_zombies_and_skips_excluded_subtrees() {
+        let table = vec![p(1, 0, false), p(10, 1, false), p(11, 10, true), p(12, 11, false), p(20, 1, false), p(21, 20, false), p(30, 5, false)];
+        let mut got: Vec<i32> = descendants_in(table.clone(), 1, &HashSet::new()).iter().map(|p| p.pid).collect();
+        got.sort();
+        assert_eq!(got, vec![10, 12, 20, 21]);
+        let got: Vec<i32> = descendants_in(table, 1, &HashSet::from([20])).iter().map(|p| p.pid).collect();
+        assert!(!got.contains(&20) && !got.contains(&21));
+    }
+
+    #[test]
+    fn reads_this_process_tree() {
+        let me = std::process::id() as i32;
+        let all = all();
+        assert!(all.iter().any(|p| p.pid == me));
+    }
+}

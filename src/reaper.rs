@@ -1,0 +1,140 @@
+//! The one waiter: `waitpid(-1, WNOHANG)` to exhaustion on every SIGCHLD.
+//!
+//! Owns: reaping. Every process that ends in drainit's tree and is re-parented to
+//! it (as PID 1, or as a child subreaper) is reaped here and nowhere else. The main
+//! child's status is handed to the supervisor; processes drainit started for itself
+//! (exec checks, teardown steps) are registered first and their status is sent to
+//! whoever registered them; anything else is an orphan and is counted.
+//!
+//! Must not: be bypassed. `tokio::process`, `Child::wait`, `Command::status` and
+//! `Command::output` would reap behind this module's back (their own waitpid races
+//! with `waitpid(-1)`); they are never used (clippy's `disallowed-methods`).
+//!
+//! Invariant: a pid is forgotten the moment it is reaped, so nobody signals a pid
+//! that may have been reused (CONVENTIONS "Never signal a pid after it was reaped").
+//! Registration happens in the same synchronous step as the spawn, on the one
+//! runtime thread, so a helper cannot be reaped before it is registered.
+
+use std::collections::HashMap;
+
+use tokio::sync::oneshot;
+
+use crate::drain::ChildExit;
+use crate::signals::Signal;
+
+/// What one reap round found.
+#[derive(Debug, Default)]
+pub struct Round {
+    /// The main child's status, if it was reaped in this round.
+    pub main: Option<ChildExit>,
+    /// Orphans reaped in this round: pid and status.
+    pub orphans: Vec<(i32, ChildExit)>,
+    /// `waitpid` said ECHILD: drainit has no child left at all.
+    pub none_left: bool,
+}
+
+/// The registry of waited-for pids.
+#[derive(Default)]
+pub struct Reaper {
+    main: Option<i32>,
+    waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
+    orphans: u64,
+}
+
+impl Reaper {
+    pub fn new() -> Reaper {
+        Reaper::default()
+    }
+
+    /// Records the main child's pid (right after the spawn).
+    pub fn set_main(&mut self, pid: i32) {
+        self.main = Some(pid);
+    }
+
+    /// Registers a helper pid; its status arrives on the returned channel. Call in
+    /// the same synchronous step as the spawn.
+    pub fn register(&mut self, pid: i32) -> oneshot::Receiver<ChildExit> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.insert(pid, tx);
+        rx
+    }
+
+    /// Whether `pid` is a helper that has not been reaped yet (safe to signal).
+    pub fn is_waiting(&self, pid: i32) -> bool {
+        self.waiters.contains_key(&pid)
+    }
+
+    /// The helper pids not yet reaped.
+    pub fn helpers(&self) -> impl Iterator<Item = i32> + '_ {
+        self.waiters.keys().copied()
+    }
+
+    /// How many orphans were reaped so far.
+    pub fn orphans(&self) -> u64 {
+        self.orphans
+    }
+
+    /// Reaps every exited child, without blocking.
+    pub fn reap(&mut self) -> Round {
+        let mut round = Round::default();
+        loop {
+            match wait_any() {
+                Waited::Exited(pid, exit) => {
+                    if Some(pid) == self.main {
+                        self.main = None;
+                        round.main = Some(exit);
+                    } else if let Some(tx) = self.waiters.remove(&pid) {
+                        // The receiver may be gone (a check that timed out): fine.
+                        let _ = tx.send(exit);
+                    } else {
+                        self.orphans += 1;
+                        round.orphans.push((pid, exit));
+                    }
+                }
+                Waited::NoneExited => break,
+                Waited::NoChildren => {
+                    round.none_left = true;
+                    break;
+                }
+            }
+        }
+        round
+    }
+}
+
+enum Waited {
+    Exited(i32, ChildExit),
+    NoneExited,
+    NoChildren,
+}
+
+/// One `waitpid(-1, &status, WNOHANG)`.
+///
+/// nix's `waitpid` is not used: it turns a death by a real-time signal into
+/// `EINVAL` *after* the child was reaped, which would lose the main child's status.
+#[allow(unsafe_code)]
+fn wait_any() -> Waited {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            if libc::WIFEXITED(status) {
+                return Waited::Exited(pid, ChildExit::Code(libc::WEXITSTATUS(status)));
+            }
+            if libc::WIFSIGNALED(status) {
+                return Waited::Exited(pid, ChildExit::Signal(Signal(libc::WTERMSIG(status))));
+            }
+            // Stopped/continued are not reported without WUNTRACED/WCONTINUED.
+            continue;
+        }
+        if pid == 0 {
+            return Waited::NoneExited;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ECHILD) => return Waited::NoChildren,
+            _ => return Waited::NoneExited,
+        }
+    }
+}

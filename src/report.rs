@@ -1,0 +1,316 @@
+//! The exit report and the process ledger behind it (DESIGN §4).
+//!
+//! Owns: the record of which processes were in flight at T0, which drainit saw end
+//! during the drain, which it killed (abandoned), and the JSON object written as the
+//! last line of stderr and, atomically (temp file + rename), to `--report-file`.
+//!
+//! Must not: decide anything. The exit code and reason come from `drain.rs`; this
+//! module only counts and writes.
+//!
+//! Invariant: `completed` never counts an abandoned process and never goes negative;
+//! `abandoned` lists pid and `comm` only, never a command line or environment.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::drain::{ChildExit, Outcome, StepEnd, Timeline};
+use crate::signals::Signal;
+
+/// Counts the processes of one drain (or, with no drain signal, of the stop that
+/// follows the main child's exit).
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// `(pid, start)` of every descendant alive at T0.
+    in_flight: HashSet<(i32, u64)>,
+    /// pids (of the T0 set, or reaped by drainit later) that ended without a kill.
+    ended: HashSet<i32>,
+    /// The processes SIGKILLed: pid and comm.
+    abandoned: Vec<Abandoned>,
+    sampled: bool,
+}
+
+/// One abandoned process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Abandoned {
+    pub pid: i32,
+    /// The kernel's short command name (`/proc/PID/comm`).
+    pub comm: String,
+}
+
+impl Ledger {
+    /// Beat 1: the descendants alive at T0 (`(pid, start)` each).
+    pub fn sample(&mut self, alive: impl IntoIterator<Item = (i32, u64)>) {
+        self.in_flight = alive.into_iter().collect();
+        self.sampled = true;
+    }
+
+    /// Whether [`Ledger::sample`] ran (a drain or stop is being counted).
+    pub fn is_counting(&self) -> bool {
+        self.sampled
+    }
+
+    /// A process drainit saw end (reaped by drainit, or gone from the T0 set).
+    pub fn ended(&mut self, pid: i32) {
+        if self.sampled && !self.abandoned.iter().any(|a| a.pid == pid) {
+            self.ended.insert(pid);
+        }
+    }
+
+    /// Processes of the T0 set that are no longer alive count as ended (a
+    /// grandchild reaped by its own parent is never seen by the reaper).
+    pub fn settle(&mut self, still_alive: &HashSet<(i32, u64)>) {
+        let gone: Vec<i32> = self.in_flight.iter().filter(|id| !still_alive.contains(id)).map(|id| id.0).collect();
+        for pid in gone {
+            self.ended(pid);
+        }
+    }
+
+    /// Records a process about to be SIGKILLed.
+    pub fn abandon(&mut self, pid: i32, comm: String) {
+        if !self.abandoned.iter().any(|a| a.pid == pid) {
+            self.ended.remove(&pid);
+            self.abandoned.push(Abandoned { pid, comm });
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub fn completed(&self) -> usize {
+        self.ended.len()
+    }
+
+    pub fn abandoned(&self) -> &[Abandoned] {
+        &self.abandoned
+    }
+}
+
+/// `{"code":N}` or `{"signal":"SIGKILL"}`.
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum ExitJson {
+    Code(i32),
+    Signal(String),
+}
+
+impl From<ChildExit> for ExitJson {
+    fn from(e: ChildExit) -> ExitJson {
+        match e {
+            ChildExit::Code(n) => ExitJson::Code(n),
+            ChildExit::Signal(s) => ExitJson::Signal(s.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize, Debug)]
+pub struct ChildJson {
+    pub pid: i32,
+    pub exit: Option<ExitJson>,
+}
+
+/// The `drain` (or `stop`) object. Times in ms since T0.
+#[derive(Serialize, Debug)]
+pub struct DrainJson {
+    pub in_flight_at_start: usize,
+    pub completed: usize,
+    pub abandoned: usize,
+    pub pre_drain_delay_ms: u64,
+    pub forwarded_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub deadline_ms: Option<u64>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TeardownJson {
+    pub name: String,
+    pub ok: bool,
+    pub duration_ms: u64,
+    /// `exit status 1`, `timed out after 5s`, `killed by a second signal`,
+    /// `skipped`, `not found`; absent when ok.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The exit report (one JSON object).
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub drainit: &'static str,
+    pub exit_code: i32,
+    pub reason: &'static str,
+    /// The first drain signal received (before rewriting); null without one.
+    pub signal: Option<String>,
+    pub child: Option<ChildJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub drain: Option<DrainJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop: Option<DrainJson>,
+    pub abandoned: Vec<Abandoned>,
+    pub teardown: Vec<TeardownJson>,
+    /// Processes re-parented to drainit and reaped by it (not its main child).
+    pub orphans_reaped: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Builds the `drain`/`stop` object from the timeline and the ledger.
+pub fn drain_json(t: &Timeline, ledger: &Ledger) -> DrainJson {
+    let t0 = t.t0.unwrap_or_default();
+    let since = |at: Option<Duration>| at.map(|a| ms(a.saturating_sub(t0)));
+    DrainJson {
+        in_flight_at_start: ledger.in_flight(),
+        completed: ledger.completed(),
+        abandoned: ledger.abandoned().len(),
+        pre_drain_delay_ms: ms(t.pre_drain_delay),
+        forwarded_at_ms: since(t.forwarded_at),
+        finished_at_ms: since(t.finished_at),
+        deadline_ms: since(t.deadline),
+    }
+}
+
+/// Everything the supervisor knows at exit.
+pub struct Facts<'a> {
+    pub outcome: Outcome,
+    pub signal: Option<Signal>,
+    pub child_pid: i32,
+    pub child_exit: Option<ChildExit>,
+    pub timeline: Timeline,
+    pub ledger: &'a Ledger,
+    pub teardown: Vec<TeardownJson>,
+    pub orphans: u64,
+}
+
+impl Report {
+    /// The report of a run whose child was spawned.
+    pub fn from_facts(f: Facts<'_>) -> Report {
+        let body = drain_json(&f.timeline, f.ledger);
+        let (drain, stop) = if f.signal.is_some() { (Some(body), None) } else { (None, Some(body)) };
+        Report {
+            drainit: "exit",
+            exit_code: f.outcome.code,
+            reason: f.outcome.reason.as_str(),
+            signal: f.signal.map(|s| s.to_string()),
+            child: Some(ChildJson { pid: f.child_pid, exit: f.child_exit.map(Into::into) }),
+            error: None,
+            drain,
+            stop,
+            abandoned: f.ledger.abandoned().to_vec(),
+            teardown: f.teardown,
+            orphans_reaped: f.orphans,
+        }
+    }
+
+    /// The report of a command that could not be started.
+    pub fn spawn_failed(code: i32, error: String) -> Report {
+        Report {
+            drainit: "exit",
+            exit_code: code,
+            reason: "spawn_failed",
+            signal: None,
+            child: None,
+            error: Some(error),
+            drain: None,
+            stop: None,
+            abandoned: Vec::new(),
+            teardown: Vec::new(),
+            orphans_reaped: 0,
+        }
+    }
+
+    /// One line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"drainit\":\"exit\",\"exit_code\":{}}}", self.exit_code))
+    }
+
+    /// Writes the report: to `--report-file` (atomically) if given, then as the
+    /// last line of stderr. Write errors are logged, never fatal: the exit code is
+    /// what matters most.
+    pub fn write(&self, file: Option<&Path>) {
+        let line = self.to_json();
+        if let Some(path) = file
+            && let Err(e) = write_atomic(path, line.as_bytes())
+        {
+            log::error!("writing the report to {} failed: {e}", path.display());
+        }
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(line.as_bytes());
+        let _ = err.write_all(b"\n");
+        let _ = err.flush();
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a
+/// rename, so a reader sees the old file or the whole new one, never half of it.
+///
+/// # Errors
+/// Creating, writing, syncing or renaming the temporary file failed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "report".into());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The text form of how a teardown step ended.
+pub fn step_error(end: StepEnd, exit: Option<ChildExit>, timeout: Duration) -> Option<String> {
+    match end {
+        StepEnd::Ok => None,
+        StepEnd::Failed => Some(match exit {
+            Some(ChildExit::Code(n)) => format!("exit status {n}"),
+            Some(ChildExit::Signal(s)) => format!("killed by {s}"),
+            None => "could not be started".into(),
+        }),
+        StepEnd::TimedOut => Some(format!("timed out after {}", humantime::format_duration(timeout))),
+        StepEnd::Cut => Some("killed by a second drain signal".into()),
+        StepEnd::Skipped => Some("skipped".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_counts_completed_and_abandoned_apart() {
+        let mut l = Ledger::default();
+        l.sample([(10, 1), (11, 1), (12, 1)]);
+        l.ended(10);
+        l.abandon(11, "stubborn".into());
+        l.ended(11); // reaped after the kill: still abandoned, not completed
+        l.ended(20); // spawned during the drain and reaped by drainit
+        l.settle(&HashSet::new()); // 12 was reaped by its own parent
+        assert_eq!((l.in_flight(), l.completed(), l.abandoned().len()), (3, 3, 1));
+    }
+
+    #[test]
+    fn exit_json_shapes() {
+        assert_eq!(serde_json::to_string(&ExitJson::Code(3)).unwrap(), r#"{"code":3}"#);
+        assert_eq!(serde_json::to_string(&ExitJson::from(ChildExit::Signal(Signal::KILL))).unwrap(), r#"{"signal":"SIGKILL"}"#);
+    }
+
+    #[test]
+    fn atomic_write_replaces_the_file() {
+        let p = std::env::temp_dir().join(format!("drainit-report-test-{}.json", std::process::id()));
+        write_atomic(&p, b"{\"a\":1}").unwrap();
+        write_atomic(&p, b"{\"a\":2}").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":2}\n");
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,394 @@
+//! Signal names, the forwarding table, the rewrite map, and the signal stream.
+//!
+//! Owns: how a signal is named (`TERM`, `SIGTERM`, `15`, `RTMIN+3`), which signals
+//! drainit catches and forwards (DESIGN §5 "Forwarding"), and the one source of
+//! signals, a `signalfd(2)` read on the tokio runtime.
+//!
+//! Must not: install a signal handler. drainit blocks every signal it catches for
+//! its whole life and reads them from a signalfd (catatonit's design). No handler
+//! means nothing can run in the child between `fork` and `exec`, no `EINTR`, and no
+//! disposition to undo before `exec`: the child inherits drainit's *inherited*
+//! dispositions untouched, and `spawn` only restores the inherited mask.
+//!
+//! Invariant: the synchronous fault signals (SEGV, BUS, FPE, ILL, TRAP, SYS) and
+//! SIGPIPE are never blocked or caught: "if we broke, let us die" (catatonit), and a
+//! write to a closed pipe must never be "forwarded" to the app.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::AsRawFd;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, pthread_sigmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use tokio::io::unix::AsyncFd;
+
+/// A signal number, 1–64 on Linux (1–31 standard, SIGRTMIN..=SIGRTMAX real-time).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Signal(pub i32);
+
+/// The signals that are never blocked nor forwarded: faults (they must kill
+/// drainit itself if drainit faults) and SIGPIPE (DESIGN §5).
+const NEVER_CAUGHT: [i32; 7] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+    libc::SIGPIPE,
+];
+
+const NAMES: [(&str, i32); 31] = [
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("ILL", libc::SIGILL),
+    ("TRAP", libc::SIGTRAP),
+    ("ABRT", libc::SIGABRT),
+    ("BUS", libc::SIGBUS),
+    ("FPE", libc::SIGFPE),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("SEGV", libc::SIGSEGV),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("STKFLT", libc::SIGSTKFLT),
+    ("CHLD", libc::SIGCHLD),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("TTIN", libc::SIGTTIN),
+    ("TTOU", libc::SIGTTOU),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+    ("XFSZ", libc::SIGXFSZ),
+    ("VTALRM", libc::SIGVTALRM),
+    ("PROF", libc::SIGPROF),
+    ("WINCH", libc::SIGWINCH),
+    ("IO", libc::SIGIO),
+    ("PWR", libc::SIGPWR),
+    ("SYS", libc::SIGSYS),
+];
+
+impl Signal {
+    pub const HUP: Signal = Signal(libc::SIGHUP);
+    pub const INT: Signal = Signal(libc::SIGINT);
+    pub const QUIT: Signal = Signal(libc::SIGQUIT);
+    pub const KILL: Signal = Signal(libc::SIGKILL);
+    pub const TERM: Signal = Signal(libc::SIGTERM);
+    pub const CHLD: Signal = Signal(libc::SIGCHLD);
+    pub const CONT: Signal = Signal(libc::SIGCONT);
+
+    /// SIGRTMIN as the C library reports it (glibc keeps 32 and 33 for itself).
+    pub fn rtmin() -> i32 {
+        libc::SIGRTMIN()
+    }
+
+    /// SIGRTMAX as the C library reports it.
+    pub fn rtmax() -> i32 {
+        libc::SIGRTMAX()
+    }
+
+    /// Parses `TERM`, `SIGTERM`, `sigterm`, `15`, `RTMIN+3`, `SIGRTMAX-1`.
+    ///
+    /// `0` is accepted only when `allow_zero` (the `TO` side of `--rewrite`, meaning
+    /// "drop the signal").
+    ///
+    /// # Errors
+    /// A message naming the value when it is no Linux signal.
+    pub fn parse(s: &str, allow_zero: bool) -> Result<Signal, String> {
+        let t = s.trim();
+        let bad = || format!("'{s}' is not a signal name or number (e.g. TERM, SIGTERM, 15)");
+        if let Ok(n) = t.parse::<i32>() {
+            if n == 0 && allow_zero {
+                return Ok(Signal(0));
+            }
+            if (1..=Self::rtmax()).contains(&n) {
+                return Ok(Signal(n));
+            }
+            return Err(bad());
+        }
+        let upper = t.to_ascii_uppercase();
+        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+        if let Some((_, n)) = NAMES.iter().find(|(k, _)| *k == name) {
+            return Ok(Signal(*n));
+        }
+        let rt = |base: i32, rest: &str| -> Option<i32> {
+            if rest.is_empty() {
+                return Some(base);
+            }
+            let (sign, num) = rest.split_at(1);
+            let k: i32 = num.parse().ok()?;
+            let n = if sign == "+" { base + k } else if sign == "-" { base - k } else { return None };
+            (Self::rtmin()..=Self::rtmax()).contains(&n).then_some(n)
+        };
+        let n = if let Some(rest) = name.strip_prefix("RTMIN") {
+            rt(Self::rtmin(), rest)
+        } else if let Some(rest) = name.strip_prefix("RTMAX") {
+            rt(Self::rtmax(), rest)
+        } else {
+            None
+        };
+        n.map(Signal).ok_or_else(bad)
+    }
+
+    /// Whether drainit catches this signal at all (everything but KILL, STOP, the
+    /// fault signals and SIGPIPE; glibc's private 32 and 33 are excluded too).
+    pub fn is_caught(self) -> bool {
+        let n = self.0;
+        n >= 1
+            && n <= Self::rtmax()
+            && n != libc::SIGKILL
+            && n != libc::SIGSTOP
+            && !NEVER_CAUGHT.contains(&n)
+            && (n < 32 || n >= Self::rtmin())
+    }
+
+    /// The nix form, for the standard signals (None for real-time ones).
+    pub(crate) fn to_nix(self) -> Option<NixSignal> {
+        NixSignal::try_from(self.0).ok()
+    }
+}
+
+impl fmt::Display for Signal {
+    /// `SIGTERM`, `SIGRTMIN+3`, or the bare number when unnamed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((name, _)) = NAMES.iter().find(|(_, n)| *n == self.0) {
+            return write!(f, "SIG{name}");
+        }
+        let (min, max) = (Self::rtmin(), Self::rtmax());
+        if self.0 == min {
+            write!(f, "SIGRTMIN")
+        } else if self.0 > min && self.0 <= max {
+            if max - self.0 < self.0 - min {
+                if self.0 == max {
+                    write!(f, "SIGRTMAX")
+                } else {
+                    write!(f, "SIGRTMAX-{}", max - self.0)
+                }
+            } else {
+                write!(f, "SIGRTMIN+{}", self.0 - min)
+            }
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+impl fmt::Debug for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// `--rewrite FROM:TO`: what a received signal becomes when forwarded. `TO` = 0
+/// drops it. Applies to everything forwarded, the drain signal at beat 3 included.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RewriteMap(HashMap<Signal, Signal>);
+
+impl RewriteMap {
+    /// Parses one `FROM:TO` pair (`TERM:QUIT`, `SIGHUP:SIGUSR1`, `WINCH:0`).
+    ///
+    /// # Errors
+    /// A message naming the pair when either side is no signal or the colon is missing.
+    pub fn parse_pair(s: &str) -> Result<(Signal, Signal), String> {
+        let (from, to) = s
+            .split_once(':')
+            .ok_or_else(|| format!("'{s}' is not FROM:TO (e.g. TERM:QUIT)"))?;
+        let from = Signal::parse(from, false)?;
+        let to = Signal::parse(to, true)?;
+        Ok((from, to))
+    }
+
+    pub fn insert(&mut self, from: Signal, to: Signal) {
+        self.0.insert(from, to);
+    }
+
+    /// The signal to send for a received `sig`; `None` when it is dropped.
+    pub fn apply(&self, sig: Signal) -> Option<Signal> {
+        let out = self.0.get(&sig).copied().unwrap_or(sig);
+        (out.0 != 0).then_some(out)
+    }
+
+    /// The pairs, sorted, for printing.
+    pub fn pairs(&self) -> Vec<(Signal, Signal)> {
+        let mut v: Vec<_> = self.0.iter().map(|(a, b)| (*a, *b)).collect();
+        v.sort();
+        v
+    }
+}
+
+/// The set drainit blocks and reads through its signalfd: every caught signal.
+fn caught_set() -> SigSet {
+    let mut set = SigSet::all();
+    for n in NEVER_CAUGHT {
+        if let Ok(s) = NixSignal::try_from(n) {
+            set.remove(s);
+        }
+    }
+    set
+}
+
+/// The signal mask drainit was started with, to be restored in the child.
+#[derive(Clone, Copy)]
+pub struct InheritedMask(pub(crate) SigSet);
+
+/// Blocks every caught signal in the calling thread (call it first in `main`,
+/// before any thread exists, so every later thread inherits the block).
+///
+/// Returns the mask drainit inherited.
+///
+/// # Errors
+/// `pthread_sigmask(2)` failed (it cannot, with a valid set).
+pub fn block_caught() -> std::io::Result<InheritedMask> {
+    let mut old = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&caught_set()), Some(&mut old))
+        .map_err(std::io::Error::from)?;
+    Ok(InheritedMask(old))
+}
+
+#[allow(unsafe_code)]
+fn register(sfd: SignalFd) -> std::io::Result<AsyncFd<SignalFd>> {
+    // SAFETY: `SignalFd` owns its fd (an `OwnedFd`) until it is dropped, which only
+    // happens with the `AsyncFd`, and `as_raw_fd` always returns that same fd.
+    unsafe { AsyncFd::register_with_interest(sfd, tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
+}
+
+/// The stream of received signals, read from a signalfd registered with tokio.
+pub struct SignalStream {
+    fd: AsyncFd<SignalFd>,
+}
+
+/// One received signal and the pid that sent it (0 for the kernel or a tty).
+#[derive(Clone, Copy, Debug)]
+pub struct Received {
+    pub signal: Signal,
+    pub sender: i32,
+}
+
+impl SignalStream {
+    /// Opens the signalfd (close-on-exec, non-blocking) for every caught signal.
+    /// Call after [`block_caught`] and inside the tokio runtime.
+    ///
+    /// # Errors
+    /// `signalfd(2)` or the epoll registration failed.
+    pub fn open() -> std::io::Result<SignalStream> {
+        let sfd = SignalFd::with_flags(&caught_set(), SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+        Ok(SignalStream { fd: register(sfd)? })
+    }
+
+    /// Waits until at least one signal is pending and returns every pending one, in
+    /// the kernel's order (standard signals by number, then real-time ones).
+    pub async fn recv(&mut self) -> Vec<Received> {
+        loop {
+            let mut guard = match self.fd.readable().await {
+                Ok(g) => g,
+                Err(e) => {
+                    log::error!("waiting on the signalfd failed: {e}");
+                    continue;
+                }
+            };
+            let mut out = Vec::new();
+            loop {
+                match guard.get_inner().read_signal() {
+                    Ok(Some(info)) => out.push(Received {
+                        signal: Signal(info.ssi_signo as i32),
+                        sender: info.ssi_pid as i32,
+                    }),
+                    Ok(None) => break,
+                    // EINTR cannot happen (no handlers); anything else is logged and
+                    // the read is retried on the next readiness.
+                    Err(e) => {
+                        log::error!("reading the signalfd failed: {e}");
+                        break;
+                    }
+                }
+            }
+            guard.clear_ready();
+            if !out.is_empty() {
+                return out;
+            }
+        }
+    }
+
+    /// The raw fd, to check it is not leaked into the child (tests).
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.get_ref().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_numbers_and_realtime() {
+        assert_eq!(Signal::parse("TERM", false), Ok(Signal::TERM));
+        assert_eq!(Signal::parse("SIGTERM", false), Ok(Signal::TERM));
+        assert_eq!(Signal::parse("sigterm", false), Ok(Signal::TERM));
+        assert_eq!(Signal::parse("15", false), Ok(Signal::TERM));
+        assert_eq!(Signal::parse("RTMIN+3", false), Ok(Signal(Signal::rtmin() + 3)));
+        assert_eq!(Signal::parse("SIGRTMAX", false), Ok(Signal(Signal::rtmax())));
+        assert!(Signal::parse("0", false).is_err());
+        assert_eq!(Signal::parse("0", true), Ok(Signal(0)));
+        assert!(Signal::parse("TERMINATE", false).is_err());
+        assert!(Signal::parse("99", false).is_err());
+        assert!(Signal::parse("RTMIN+99", false).is_err());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for n in 1..=Signal::rtmax() {
+            if n == 32 || n == 33 {
+                continue;
+            }
+            let s = Signal(n);
+            assert_eq!(Signal::parse(&s.to_string(), false), Ok(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn caught_table_matches_design() {
+        for n in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+            assert!(!Signal(n).is_caught());
+        }
+        for n in [libc::SIGSYS, libc::SIGPIPE, libc::SIGKILL, libc::SIGSTOP] {
+            assert!(!Signal(n).is_caught());
+        }
+        for n in [libc::SIGTERM, libc::SIGHUP, libc::SIGABRT, libc::SIGWINCH, libc::SIGCONT] {
+            assert!(Signal(n).is_caught());
+        }
+        assert!(Signal(Signal::rtmin()).is_caught());
+        assert!(Signal(Signal::rtmax()).is_caught());
+    }
+
+    #[test]
+    fn rewrite_applies_and_drops() {
+        let mut m = RewriteMap::default();
+        let (a, b) = RewriteMap::parse_pair("TERM:QUIT").unwrap();
+        m.insert(a, b);
+        let (a, b) = RewriteMap::parse_pair("WINCH:0").unwrap();
+        m.insert(a, b);
+        assert_eq!(m.apply(Signal::TERM), Some(Signal::QUIT));
+        assert_eq!(m.apply(Signal(libc::SIGWINCH)), None);
+        assert_eq!(m.apply(Signal::HUP), Some(Signal::HUP));
+        assert!(RewriteMap::parse_pair("TERM").is_err());
+    }
+}
+
+/// `kill(2)`: sends `sig` to `pid` (a process), `-pgid` (a process group) or `-1`.
+///
+/// nix's `kill` takes only the standard signals; real-time ones are forwarded too
+/// (DESIGN §5), so the raw call is used.
+///
+/// # Errors
+/// The errno: `ESRCH` when the target is gone (callers tolerate it), `EPERM`.
+#[allow(unsafe_code)]
+pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    let r = unsafe { libc::kill(pid, sig.0) };
+    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}

@@ -1,0 +1,457 @@
+//! The event loop: turns signals, reaped statuses and timers into events for the
+//! drain state machine, and carries out its actions.
+//!
+//! Owns: the one task that reaps and the only place that kills. It runs on a
+//! single-threaded tokio runtime; the probe server and the readiness poller are
+//! other tasks on the same thread that only read what this loop publishes.
+//!
+//! Must not: decide policy (that is `drain.rs`) or await between reading a drain
+//! signal and publishing `draining` (beat 1 is one synchronous step). After the
+//! spawn nothing leaves this loop but the planned exit: errors are logged and the
+//! loop carries on (catatonit's second error regime).
+//!
+//! Invariant: a pid is signalled only while it is known alive and unreaped: the
+//! `/proc` snapshot and the `kill` happen in one synchronous step, with no reap in
+//! between, and every process gets the drain signal from drainit at most once.
+
+use std::cell::RefCell;
+use std::collections::{HashSet, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+
+use crate::checks::{self, Checks};
+use crate::config::{Config, ForwardTo};
+use crate::drain::{Action, ChildExit, Drain, Event, Outcome, Phase, Policy};
+use crate::probe::Published;
+use crate::procs;
+use crate::reaper::Reaper;
+use crate::report::{self, Facts, Ledger, Report, TeardownJson};
+use crate::signals::{self, Signal, SignalStream};
+use crate::spawn::{HelperOutput, spawn_helper};
+
+/// A running teardown step.
+struct Step {
+    pid: Option<i32>,
+    started: Instant,
+    rx: Option<oneshot::Receiver<ChildExit>>,
+}
+
+/// What a finished teardown step left for the report.
+struct StepDone {
+    duration: Duration,
+    exit: Option<ChildExit>,
+}
+
+/// The supervisor's state. Build it with [`Supervisor::new`] right after the
+/// spawn, then [`Supervisor::run`].
+pub struct Supervisor {
+    cfg: Config,
+    drain: Drain,
+    reaper: Rc<RefCell<Reaper>>,
+    signals: SignalStream,
+    state_tx: watch::Sender<Published>,
+    child_pid: i32,
+    child_alive: bool,
+    me: i32,
+    is_pid1: bool,
+    epoch: Instant,
+    ledger: Ledger,
+    /// Processes that got the drain signal from drainit: `(pid, start)`.
+    signalled: HashSet<(i32, u64)>,
+    /// The signal leftovers get, once the main child is gone.
+    remaining_signal: Option<Signal>,
+    queue: VecDeque<Event>,
+    ready_rx: Option<oneshot::Receiver<()>>,
+    step: Option<Step>,
+    steps_done: Vec<StepDone>,
+    outcome: Option<Outcome>,
+}
+
+impl Supervisor {
+    /// `child_pid` was just spawned and registered with `reaper`.
+    pub fn new(
+        cfg: Config,
+        reaper: Rc<RefCell<Reaper>>,
+        signals: SignalStream,
+        state_tx: watch::Sender<Published>,
+        checks: Rc<Checks>,
+        child_pid: i32,
+    ) -> Supervisor {
+        let policy = Policy {
+            pre_drain_delay: cfg.pre_drain_delay,
+            drain_timeout: cfg.drain_timeout,
+            teardown_timeouts: cfg.teardown.iter().map(|t| t.timeout).collect(),
+            drain_signals: cfg.drain_signals.clone(),
+            second_signal: cfg.second_signal,
+            rewrite: cfg.rewrite.clone(),
+        };
+        let mut queue = VecDeque::new();
+        let ready_rx = if checks.is_empty() && !cfg.ready_notify {
+            // Nothing configured: ready as soon as the child is spawned (DESIGN §7).
+            queue.push_back(Event::ReadinessPassed);
+            None
+        } else if checks.is_empty() {
+            None // readiness comes from READY=1 only
+        } else {
+            let (tx, rx) = oneshot::channel();
+            let interval = cfg.ready_interval;
+            tokio::task::spawn_local(async move {
+                checks::wait_ready(checks, interval).await;
+                let _ = tx.send(());
+            });
+            Some(rx)
+        };
+        let me = std::process::id() as i32;
+        Supervisor {
+            cfg,
+            drain: Drain::new(policy),
+            reaper,
+            signals,
+            state_tx,
+            child_pid,
+            child_alive: true,
+            me,
+            is_pid1: me == 1,
+            epoch: Instant::now(),
+            ledger: Ledger::default(),
+            signalled: HashSet::new(),
+            remaining_signal: None,
+            queue,
+            ready_rx,
+            step: None,
+            steps_done: Vec::new(),
+            outcome: None,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// Marks readiness as passed from elsewhere (sd_notify `READY=1`).
+    pub fn readiness_passed(&mut self) {
+        self.queue.push_back(Event::ReadinessPassed);
+        self.process();
+    }
+
+    /// Runs until the drain machine says exit; returns the report to write.
+    pub async fn run(mut self) -> Report {
+        self.process();
+        while self.outcome.is_none() {
+            let deadline = self.drain.next_deadline().map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let woke = {
+                let signals = &mut self.signals;
+                let ready_rx = &mut self.ready_rx;
+                let step_rx = self.step.as_mut().and_then(|s| s.rx.as_mut());
+                tokio::select! {
+                    biased;
+                    received = signals.recv() => Woke::Signals(received),
+                    _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
+                    exit = wait_step(step_rx) => Woke::StepExited(exit),
+                    _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
+                }
+            };
+            match woke {
+                Woke::Signals(received) => {
+                    let mut chld = false;
+                    for r in received {
+                        if r.signal == Signal::CHLD {
+                            chld = true;
+                        } else {
+                            log::debug!("received {} from pid {}", r.signal, r.sender);
+                            self.queue.push_back(Event::Signal(r.signal));
+                            // Beat 1 is taken before anything else, in this step.
+                            self.process();
+                        }
+                    }
+                    if chld {
+                        self.on_sigchld();
+                    }
+                }
+                Woke::Ready => {
+                    self.ready_rx = None;
+                    log::info!("ready: every readiness check passed");
+                    self.queue.push_back(Event::ReadinessPassed);
+                }
+                Woke::StepExited(exit) => self.finish_step(exit),
+                Woke::Tick => self.queue.push_back(Event::Tick),
+            }
+            self.process();
+        }
+        self.report()
+    }
+
+    /// Feeds queued events to the machine and carries out its actions, until the
+    /// queue is empty; then publishes the phase.
+    fn process(&mut self) {
+        while let Some(ev) = self.queue.pop_front() {
+            let before = self.drain.phase();
+            let actions = self.drain.handle(self.now(), ev);
+            if self.drain.phase() != before {
+                self.publish();
+            }
+            for a in actions {
+                self.act(a);
+            }
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let phase = self.drain.phase();
+        self.state_tx.send_if_modified(|p| {
+            let changed = p.phase != phase;
+            p.phase = phase;
+            changed
+        });
+    }
+
+    fn helpers(&self) -> HashSet<i32> {
+        self.reaper.borrow().helpers().collect()
+    }
+
+    fn descendants(&self) -> Vec<procs::Proc> {
+        procs::descendants(self.me, &self.helpers())
+    }
+
+    fn forward_target(&self) -> i32 {
+        match self.cfg.forward_to {
+            ForwardTo::Child => self.child_pid,
+            ForwardTo::Group => -self.child_pid,
+        }
+    }
+
+    fn send(&self, target: i32, sig: Signal) {
+        match signals::send(target, sig) {
+            Ok(()) => {}
+            // ESRCH: the target is already gone (it races with its own exit).
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Forward(sig) => {
+                if self.child_alive {
+                    log::debug!("forwarding {sig} to {}", self.forward_target());
+                    self.send(self.forward_target(), sig);
+                }
+            }
+            Action::SampleInFlight => {
+                let alive = self.descendants();
+                self.ledger.sample(alive.iter().map(procs::Proc::id));
+                let t = self.drain.timeline();
+                match self.drain.drain_signal() {
+                    Some(sig) => log::info!(
+                        "drain started by {sig}: readiness fails now; {} in flight; forwarding in {}, deadline in {}",
+                        alive.len(),
+                        checks::fmt_ms(t.pre_drain_delay),
+                        checks::fmt_ms(t.deadline.unwrap_or_default().saturating_sub(t.t0.unwrap_or_default()))
+                    ),
+                    None => log::info!(
+                        "the main child exited ({}); {} other process(es) left get {} to finish",
+                        self.drain.child_exit().map_or("?".to_string(), describe_exit),
+                        alive.len(),
+                        checks::fmt_ms(self.cfg.drain_timeout)
+                    ),
+                }
+            }
+            Action::ForwardDrain(sig) => {
+                let target = self.forward_target();
+                for p in self.descendants() {
+                    if p.pid == self.child_pid || (target < 0 && p.pgid == self.child_pid) {
+                        self.signalled.insert(p.id());
+                    }
+                }
+                log::info!("forwarding {sig} to {} {}", if target < 0 { "process group" } else { "child" }, target.abs());
+                self.send(target, sig);
+            }
+            Action::SignalRemaining(sig) => {
+                self.remaining_signal = Some(sig);
+                self.signal_remaining();
+            }
+            Action::KillAll => self.kill_all(),
+            Action::StartTeardown(i) => self.start_step(i),
+            Action::KillTeardown(i) => {
+                if let Some(pid) = self.step.as_ref().and_then(|s| s.pid)
+                    && self.reaper.borrow().is_waiting(pid)
+                {
+                    log::warn!("teardown step '{}' is being killed", self.cfg.teardown[i].name);
+                    self.send(-pid, Signal::KILL);
+                }
+            }
+            Action::Exit(outcome) => self.outcome = Some(outcome),
+        }
+    }
+
+    /// Every descendant not yet signalled by drainit gets the leftover signal.
+    fn signal_remaining(&mut self) {
+        let Some(sig) = self.remaining_signal else { return };
+        for p in self.descendants() {
+            if self.signalled.insert(p.id()) {
+                log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
+                self.send(p.pid, sig);
+            }
+        }
+    }
+
+    fn kill_all(&mut self) {
+        let mut killed = 0;
+        // A few rounds: a process may fork between the snapshot and its SIGKILL.
+        for _ in 0..3 {
+            let left = self.descendants();
+            if left.is_empty() {
+                break;
+            }
+            for p in left {
+                if !self.ledger.abandoned().iter().any(|a| a.pid == p.pid) {
+                    killed += 1;
+                }
+                self.ledger.abandon(p.pid, p.comm.clone());
+                self.send(p.pid, Signal::KILL);
+            }
+        }
+        if self.is_pid1 {
+            // As PID 1, -1 means every process of this PID namespace but drainit
+            // (kill(2)); never used outside PID 1, where it would reach processes
+            // drainit did not start.
+            let _ = signals::send(-1, Signal::KILL);
+        }
+        if killed > 0 {
+            let names: Vec<String> = self.ledger.abandoned().iter().map(|a| format!("{} ({})", a.pid, a.comm)).collect();
+            log::warn!("abandoned: SIGKILLed {killed} process(es): {}", names.join(", "));
+        }
+        self.queue.push_back(Event::Killed(killed));
+    }
+
+    fn start_step(&mut self, i: usize) {
+        let step = &self.cfg.teardown[i];
+        log::info!("teardown step '{}' starting", step.name);
+        let started = Instant::now();
+        let spawned = {
+            let mut reaper = self.reaper.borrow_mut();
+            spawn_helper(&step.argv, HelperOutput::Inherit).map(|pid| (pid, reaper.register(pid)))
+        };
+        match spawned {
+            Ok((pid, rx)) => self.step = Some(Step { pid: Some(pid), started, rx: Some(rx) }),
+            Err(e) => {
+                log::error!("teardown step '{}' could not be started: {e}", step.name);
+                self.step = Some(Step { pid: None, started, rx: None });
+                self.finish_step(None);
+            }
+        }
+    }
+
+    fn finish_step(&mut self, exit: Option<ChildExit>) {
+        let Some(step) = self.step.take() else { return };
+        let ok = exit == Some(ChildExit::Code(0));
+        self.steps_done.push(StepDone { duration: step.started.elapsed(), exit });
+        self.queue.push_back(Event::TeardownExited { ok });
+    }
+
+    fn on_sigchld(&mut self) {
+        let round = self.reaper.borrow_mut().reap();
+        for (pid, _) in &round.orphans {
+            self.ledger.ended(*pid);
+        }
+        if let Some(exit) = round.main {
+            self.child_alive = false;
+            self.ledger.ended(self.child_pid);
+            log::info!("main child {} exited ({})", self.child_pid, describe_exit(exit));
+            self.queue.push_back(Event::ChildExited(exit));
+            self.process();
+        }
+        if self.drain.waits_for_descendants() {
+            // New processes spawned during the drain get the signal too (once each).
+            if self.drain.timeline().forwarded_at.is_some() {
+                self.signal_remaining();
+            }
+            if round.none_left || self.descendants().is_empty() {
+                self.queue.push_back(Event::DescendantsGone);
+            }
+        }
+    }
+
+    fn report(&mut self) -> Report {
+        let outcome = self.outcome.expect("run() returns only after Exit");
+        let alive: HashSet<(i32, u64)> = self.descendants().iter().map(procs::Proc::id).collect();
+        self.ledger.settle(&alive);
+        let timeouts: Vec<Duration> = self.cfg.teardown.iter().map(|t| t.timeout).collect();
+        let teardown: Vec<TeardownJson> = self
+            .drain
+            .teardown()
+            .iter()
+            .enumerate()
+            .map(|(i, end)| {
+                let done = self.steps_done.get(i);
+                TeardownJson {
+                    name: self.cfg.teardown[i].name.clone(),
+                    ok: *end == crate::drain::StepEnd::Ok,
+                    duration_ms: done.map_or(0, |d| d.duration.as_millis() as u64),
+                    error: report::step_error(*end, done.and_then(|d| d.exit), timeouts[i]),
+                }
+            })
+            .collect();
+        let t = self.drain.timeline();
+        match outcome.reason {
+            crate::drain::Reason::Drained => log::info!(
+                "drained: {} process(es) finished in {}",
+                self.ledger.completed(),
+                checks::fmt_ms(t.finished_at.unwrap_or_default().saturating_sub(t.t0.unwrap_or_default()))
+            ),
+            crate::drain::Reason::Abandoned => {
+                log::warn!("abandoned: {} process(es) had to be killed", self.ledger.abandoned().len())
+            }
+            _ => {}
+        }
+        log::info!("exit {} ({})", outcome.code, outcome.reason.as_str());
+        Report::from_facts(Facts {
+            outcome,
+            signal: self.drain.drain_signal(),
+            child_pid: self.child_pid,
+            child_exit: self.drain.child_exit(),
+            timeline: t,
+            ledger: &self.ledger,
+            teardown,
+            orphans: self.reaper.borrow().orphans(),
+        })
+    }
+
+    /// The current phase (for tests and the notify relay).
+    pub fn phase(&self) -> Phase {
+        self.drain.phase()
+    }
+}
+
+/// What woke the loop.
+enum Woke {
+    Signals(Vec<signals::Received>),
+    Ready,
+    StepExited(Option<ChildExit>),
+    Tick,
+}
+
+/// The running teardown step's status; pending forever when there is none.
+async fn wait_step(rx: Option<&mut oneshot::Receiver<ChildExit>>) -> Option<ChildExit> {
+    match rx {
+        Some(rx) => rx.await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn describe_exit(e: ChildExit) -> String {
+    match e {
+        ChildExit::Code(n) => format!("exit code {n}"),
+        ChildExit::Signal(s) => format!("killed by {s}"),
+    }
+}
