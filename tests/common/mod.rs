@@ -1,0 +1,362 @@
+//! Black-box test harness: runs the built drainit binary against real processes,
+//! as a subreaper (a direct child of the test) or as the real PID 1 of a new PID
+//! namespace (`unshare --pid --fork --mount-proc --kill-child`).
+//!
+//! Every process a test starts carries `DRAINIT_TEST_TMP=<its folder>` in its
+//! environment; [`Running`]'s `Drop` SIGKILLs each of them by its own pid, so
+//! nothing outlives a test and nothing else is ever signalled. Every wait has a
+//! deadline; sleeps are only polling intervals inside one.
+#![allow(dead_code, clippy::disallowed_methods)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use serde_json::Value;
+
+/// How drainit is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A direct child of the test: not PID 1, a child subreaper.
+    Subreaper,
+    /// The real PID 1 of a fresh PID namespace.
+    Pid1,
+}
+
+pub const BOTH: [Mode; 2] = [Mode::Subreaper, Mode::Pid1];
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_drainit")
+}
+
+pub fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn python() -> &'static str {
+    "python3"
+}
+
+/// A fresh temporary folder, removed on drop.
+pub struct TmpDir(pub PathBuf);
+
+impl TmpDir {
+    pub fn new(tag: &str) -> TmpDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let p = std::env::temp_dir().join(format!(
+            "drainit-test-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&p).unwrap();
+        TmpDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, or `None` after `within`.
+pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// The process is alive and not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('X')).unwrap_or('X');
+            state != 'Z' && state != 'X'
+        }
+        Err(_) => false,
+    }
+}
+
+/// The children of `pid` (host view).
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+pub fn kill(pid: i32, sig: i32) -> bool {
+    Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `/proc/PID/status` field (e.g. `SigBlk`).
+pub fn status_field(pid: i32, key: &str) -> Option<String> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
+}
+
+/// A started drainit. See the module docs.
+pub struct Running {
+    pub mode: Mode,
+    pub tmp: TmpDir,
+    /// The process the test waits on (drainit, or unshare).
+    proc: Child,
+    /// drainit's pid in the host's view.
+    pub pid: i32,
+    pub mark: PathBuf,
+    pub stderr: PathBuf,
+    pub stdout: PathBuf,
+    /// When the last [`Running::signal`] was sent (epoch ms).
+    pub t0: u64,
+    exit: Option<i32>,
+}
+
+/// What to start.
+pub struct Start<'a> {
+    pub mode: Mode,
+    /// Options for launch.py (`--ignore HUP`, `--block USR2`, `--listen-fd 3:FILE`).
+    pub launch: &'a [&'a str],
+    /// drainit's flags and command.
+    pub args: &'a [&'a str],
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+impl Running {
+    /// Starts drainit with `args` (flags, `--`, command) in `mode`.
+    pub fn start(mode: Mode, args: &[&str]) -> Running {
+        Running::start_with(Start { mode, launch: &[], args, env: &[] })
+    }
+
+    pub fn start_with(s: Start<'_>) -> Running {
+        let tmp = TmpDir::new("run");
+        let mark = tmp.join("mark");
+        fs::write(&mark, "").unwrap();
+        let stderr = tmp.join("stderr");
+        let stdout = tmp.join("stdout");
+        let mut cmd = match s.mode {
+            Mode::Subreaper => Command::new(python()),
+            Mode::Pid1 => {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--mount-proc", "--kill-child", python()]);
+                c
+            }
+        };
+        let launch = fixture("launch.py");
+        let owned: Vec<String> = s.args.iter().map(|a| a.replace("$TMP", tmp.path().to_str().unwrap())).collect();
+        let launch_opts: Vec<String> =
+            s.launch.iter().map(|a| a.replace("$TMP", tmp.path().to_str().unwrap())).collect();
+        cmd.arg(&launch).args(&launch_opts).arg("--").arg(bin()).args(&owned);
+        cmd.env("DRAINIT_TEST_TMP", tmp.path())
+            .env("MARK", &mark)
+            .env("TMP", tmp.path())
+            .env("FIXTURES", format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR")))
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout).unwrap())
+            .stderr(fs::File::create(&stderr).unwrap());
+        for (k, v) in s.env {
+            cmd.env(k, v);
+        }
+        let proc = cmd.spawn().expect("spawning the launcher");
+        let outer = proc.id() as i32;
+        let pid = match s.mode {
+            Mode::Subreaper => outer,
+            Mode::Pid1 => wait_for(Duration::from_secs(5), || children_of(outer).first().copied())
+                .expect("unshare did not start a child within 5 s"),
+        };
+        // Wait until launch.py has exec'd drainit.
+        wait_for(Duration::from_secs(10), || {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
+        });
+        Running { mode: s.mode, tmp, proc, pid, mark, stderr, stdout, t0: now_ms(), exit: None }
+    }
+
+    /// Sends `sig` (a number) to drainit and notes the time as T0.
+    pub fn signal(&mut self, sig: i32) {
+        self.t0 = now_ms();
+        assert!(kill(self.pid, sig), "could not signal drainit");
+    }
+
+    /// Waits for drainit to exit; returns its exit code and the ms since T0.
+    /// Panics (after SIGKILL) if it is still running after `within`.
+    pub fn wait(&mut self, within: Duration) -> (i32, u64) {
+        let end = Instant::now() + within;
+        loop {
+            if let Some(st) = self.proc.try_wait().unwrap() {
+                let elapsed = now_ms().saturating_sub(self.t0);
+                use std::os::unix::process::ExitStatusExt;
+                let code = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+                self.exit = Some(code);
+                return (code, elapsed);
+            }
+            if Instant::now() >= end {
+                let _ = kill(self.pid, 9);
+                let _ = self.proc.kill();
+                let _ = self.proc.wait();
+                panic!("drainit still running {within:?} after the last event\nstderr:\n{}\nmarks:\n{}", self.stderr_text(), self.marks());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// The exit report: the last non-empty stderr line, as JSON.
+    pub fn report(&self) -> Value {
+        let text = self.stderr_text();
+        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("last stderr line is no report ({e}):\n{text}"))
+    }
+
+    pub fn marks(&self) -> String {
+        fs::read_to_string(&self.mark).unwrap_or_default()
+    }
+
+    /// Mark lines starting with `prefix`.
+    pub fn lines(&self, prefix: &str) -> Vec<String> {
+        self.marks().lines().filter(|l| l.starts_with(prefix)).map(String::from).collect()
+    }
+
+    pub fn count(&self, prefix: &str) -> usize {
+        self.lines(prefix).len()
+    }
+
+    pub fn has(&self, prefix: &str) -> bool {
+        self.count(prefix) > 0
+    }
+
+    /// The t= of the first line starting with `prefix`.
+    pub fn mark_t(&self, prefix: &str) -> Option<u64> {
+        self.lines(prefix).first()?.rsplit_once(" t=")?.1.parse().ok()
+    }
+
+    /// Index (line number) of the first line starting with `prefix`.
+    pub fn line_no(&self, prefix: &str) -> Option<usize> {
+        self.marks().lines().position(|l| l.starts_with(prefix))
+    }
+
+    /// A `key=value` of NAME's "started" line.
+    pub fn field(&self, name: &str, key: &str) -> Option<String> {
+        let line = self.lines(&format!("{name}: started ")).into_iter().next()?;
+        line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}=")).map(String::from))
+    }
+
+    /// Waits until every name logged "started".
+    pub fn wait_started(&self, names: &[&str]) {
+        for n in names {
+            let p = format!("{n}: started");
+            wait_for(Duration::from_secs(10), || self.has(&p).then_some(()))
+                .unwrap_or_else(|| panic!("{n} never started\nstderr:\n{}", self.stderr_text()));
+        }
+    }
+
+    pub fn wait_mark(&self, prefix: &str, within: Duration) -> bool {
+        wait_for(within, || self.has(prefix).then_some(())).is_some()
+    }
+
+    /// drainit's first child (host pid), once it exists and runs `comm`.
+    pub fn child_running(&self, comm: &str) -> i32 {
+        wait_for(Duration::from_secs(5), || {
+            let c = *children_of(self.pid).first()?;
+            let got = fs::read_to_string(format!("/proc/{c}/comm")).ok()?;
+            (got.trim() == comm).then_some(c)
+        })
+        .unwrap_or_else(|| panic!("drainit's child {comm} did not appear\nstderr:\n{}", self.stderr_text()))
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.tmp.join(name)
+    }
+}
+
+/// SIGKILLs every process carrying `DRAINIT_TEST_TMP=<dir>`.
+pub fn kill_marked(dir: &Path) {
+    let needle = format!("DRAINIT_TEST_TMP={}", dir.display());
+    for _ in 0..3 {
+        let mut any = false;
+        if let Ok(rd) = fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+                if pid == std::process::id() as i32 {
+                    continue;
+                }
+                let Ok(env) = fs::read(e.path().join("environ")) else { continue };
+                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && kill(pid, 9) {
+                    any = true;
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = kill(self.pid, 9);
+            let _ = self.proc.kill();
+            let _ = self.proc.wait();
+        }
+        kill_marked(self.tmp.path());
+    }
+}
+
+/// Shorthand for report fields.
+pub fn num(v: &Value, path: &str) -> i64 {
+    let mut cur = v;
+    for k in path.split('.') {
+        cur = &cur[k];
+    }
+    cur.as_i64().unwrap_or_else(|| panic!("report field {path} is not a number: {v}"))
+}
+
+pub fn text<'a>(v: &'a Value, path: &str) -> &'a str {
+    let mut cur = v;
+    for k in path.split('.') {
+        cur = &cur[k];
+    }
+    cur.as_str().unwrap_or_else(|| panic!("report field {path} is not a string: {v}"))
+}
+
+/// The sigapp fixture as a command line: `env NAME=.. [K=V..] python3 sigapp.py`.
+pub fn sigapp(name: &str, extra: &[&str]) -> Vec<String> {
+    let mut v = vec!["env".to_string(), format!("NAME={name}")];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.push(python().into());
+    v.push(fixture("sigapp.py"));
+    v
+}

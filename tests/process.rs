@@ -1,0 +1,437 @@
+//! The core of an init, black box: spawn, exit codes, forwarding, transparency,
+//! fds, reaping, the terminal, leftovers. Each test runs the built binary against
+//! real processes, as a subreaper and as the real PID 1 of a PID namespace.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const OFF: &str = "--probe-addr=off";
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[test]
+fn exit_codes_are_the_childs() {
+    for mode in BOTH {
+        for code in [0, 1, 7, 126, 127, 128, 129, 255] {
+            let script = format!("exit {code}");
+            let mut r = Running::start(mode, &[OFF, "--pre-drain-delay", "2s", "--", "sh", "-c", &script]);
+            let (rc, elapsed) = r.wait(secs(5));
+            assert_eq!(rc, code, "{mode:?}: child exited {code}");
+            assert!(elapsed < 1500, "{mode:?}: no pre-drain delay without a drain signal ({elapsed} ms)");
+            let rep = r.report();
+            assert_eq!(text(&rep, "reason"), "child_exited");
+            assert_eq!(num(&rep, "child.exit.code"), code as i64);
+            assert!(rep["signal"].is_null() && rep["drain"].is_null());
+        }
+    }
+}
+
+#[test]
+fn a_signal_death_gives_128_plus_n() {
+    for mode in BOTH {
+        for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15), ("INT", 2), ("USR1", 10)] {
+            let script = format!("ulimit -c 0; kill -{sig} $$; exit 0");
+            let mut r = Running::start(mode, &[OFF, "--", "sh", "-c", &script]);
+            let (rc, _) = r.wait(secs(5));
+            assert_eq!(rc, 128 + n, "{mode:?}: child died of SIG{sig}");
+            let rep = r.report();
+            assert_eq!(text(&rep, "reason"), "child_exited");
+            assert_eq!(text(&rep, "child.exit.signal"), format!("SIG{sig}"));
+        }
+    }
+}
+
+#[test]
+fn a_command_that_cannot_start_gives_127_or_126() {
+    let tmp = TmpDir::new("spawn");
+    let noexec = tmp.join("noexec");
+    std::fs::write(&noexec, "data\n").unwrap();
+    let dir = tmp.join("adir");
+    std::fs::create_dir(&dir).unwrap();
+    let cases = [
+        ("/nonexistent/app".to_string(), 127, "not found"),
+        ("drainit-test-no-such-command".to_string(), 127, "not found"),
+        (noexec.display().to_string(), 126, "permission denied"),
+        (dir.display().to_string(), 126, "permission denied"),
+    ];
+    for mode in BOTH {
+        for (cmd, code, kind) in &cases {
+            let mut r = Running::start(mode, &[OFF, "--", cmd]);
+            let (rc, _) = r.wait(secs(5));
+            assert_eq!(rc, *code, "{mode:?}: {cmd}");
+            let rep = r.report();
+            assert_eq!(text(&rep, "reason"), "spawn_failed");
+            assert_eq!(text(&rep, "error"), *kind);
+            assert!(rep["child"].is_null());
+            assert!(r.stderr_text().contains(cmd.as_str()), "stderr names the command: {}", r.stderr_text());
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_64_or_78_and_starts_nothing() {
+    let tmp = TmpDir::new("usage");
+    let witness = tmp.join("started");
+    let touch = format!("touch {}", witness.display());
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(bin()).args(args).envs(env.iter().copied()).output().unwrap();
+        (out.status.code().unwrap(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (rc, err) = run(&["--no-such-flag", "sh", "-c", &touch], &[]);
+    assert_eq!(rc, 64, "{err}");
+    let (rc, err) = run(&[OFF], &[]);
+    assert_eq!(rc, 64, "no command: {err}");
+    let (rc, err) = run(&[OFF, "--drain-timeout", "soon", "sh", "-c", &touch], &[]);
+    assert_eq!(rc, 64);
+    assert!(err.contains("--drain-timeout") && err.contains("soon"), "{err}");
+    let (rc, err) = run(&[OFF, "sh", "-c", &touch], &[("DRAINIT_DRAIN_TIMEOUT", "soon")]);
+    assert_eq!(rc, 78);
+    assert!(err.contains("DRAINIT_DRAIN_TIMEOUT"), "{err}");
+    let (rc, err) = run(&[OFF, "--forward-to", "everyone", "sh", "-c", &touch], &[]);
+    assert_eq!(rc, 64, "{err}");
+    assert!(!witness.exists(), "bad input must never start the child");
+    let (rc, out) = run(&["--help"], &[]);
+    assert_eq!(rc, 0, "{out}");
+}
+
+/// One test per forwarded signal: drainit receives it, the child's handler runs.
+macro_rules! forwarded {
+    ($($name:ident: $sig:expr, $shown:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            for mode in BOTH {
+                let app = sigapp("app", &[]);
+                let mut args = vec![OFF, "--"];
+                args.extend(app.iter().map(String::as_str));
+                let mut r = Running::start(mode, &args);
+                r.wait_started(&["app"]);
+                let sig: i32 = $sig;
+                r.signal(sig);
+                let want = format!("app: got {}", $shown);
+                assert!(r.wait_mark(&want, secs(5)), "{mode:?}: the child never got {} (marks: {})", $shown, r.marks());
+                assert_eq!(r.count("app: got "), 1, "{mode:?}: exactly one signal: {}", r.marks());
+            }
+        }
+    )*};
+}
+
+fn rtmin() -> i32 {
+    libc::SIGRTMIN()
+}
+
+forwarded! {
+    forwards_sighup: libc::SIGHUP, "SIGHUP";
+    forwards_sigusr1: libc::SIGUSR1, "SIGUSR1";
+    forwards_sigusr2: libc::SIGUSR2, "SIGUSR2";
+    forwards_sigalrm: libc::SIGALRM, "SIGALRM";
+    forwards_sigwinch: libc::SIGWINCH, "SIGWINCH";
+    forwards_sigcont: libc::SIGCONT, "SIGCONT";
+    forwards_sigurg: libc::SIGURG, "SIGURG";
+    forwards_sigio: libc::SIGIO, "SIGIO";
+    forwards_sigpwr: libc::SIGPWR, "SIGPWR";
+    forwards_sigvtalrm: libc::SIGVTALRM, "SIGVTALRM";
+    forwards_sigprof: libc::SIGPROF, "SIGPROF";
+    forwards_sigtstp: libc::SIGTSTP, "SIGTSTP";
+    forwards_sigttin: libc::SIGTTIN, "SIGTTIN";
+    forwards_sigttou: libc::SIGTTOU, "SIGTTOU";
+    forwards_sigxcpu: libc::SIGXCPU, "SIGXCPU";
+    forwards_sigxfsz: libc::SIGXFSZ, "SIGXFSZ";
+    forwards_sigabrt: libc::SIGABRT, "SIGABRT";
+    forwards_sigstkflt: libc::SIGSTKFLT, "SIGSTKFLT";
+    forwards_sigrtmin: rtmin(), "SIGRTMIN+0";
+    forwards_sigrtmin_3: rtmin() + 3, "SIGRTMIN+3";
+    forwards_sigrtmax: libc::SIGRTMAX(), format!("SIGRTMIN+{}", libc::SIGRTMAX() - rtmin());
+}
+
+#[test]
+fn sigchld_and_sigpipe_sent_to_drainit_are_not_forwarded() {
+    let app = sigapp("app", &[]);
+    let mut args = vec![OFF, "--"];
+    args.extend(app.iter().map(String::as_str));
+    let mut r = Running::start(Mode::Pid1, &args);
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGCHLD);
+    r.signal(libc::SIGUSR1);
+    assert!(r.wait_mark("app: got SIGUSR1", secs(5)));
+    assert!(!r.has("app: got SIGCHLD"), "{}", r.marks());
+}
+
+fn two_in_a_group(extra: &[&str]) -> Running {
+    let app = format!("{} {}", python(), fixture("sigapp.py"));
+    let script = format!("NAME=worker {app} & exec env NAME=main {app}");
+    let mut args = vec![OFF];
+    args.extend_from_slice(extra);
+    args.extend(["--", "sh", "-c", script.as_str()]);
+    let r = Running::start(Mode::Pid1, &args);
+    r.wait_started(&["main", "worker"]);
+    r
+}
+
+#[test]
+fn forward_to_child_reaches_only_the_main_child() {
+    let mut r = two_in_a_group(&[]);
+    r.signal(libc::SIGUSR1);
+    assert!(r.wait_mark("main: got SIGUSR1", secs(5)));
+    // Give a wrong delivery to the worker time to show.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!r.has("worker: got SIGUSR1"), "{}", r.marks());
+}
+
+#[test]
+fn forward_to_group_reaches_the_whole_group() {
+    let mut r = two_in_a_group(&["--forward-to", "group"]);
+    r.signal(libc::SIGUSR1);
+    assert!(r.wait_mark("main: got SIGUSR1", secs(5)));
+    assert!(r.wait_mark("worker: got SIGUSR1", secs(5)), "{}", r.marks());
+    assert_eq!(r.field("main", "pgid"), r.field("worker", "pgid"));
+    assert_eq!(r.field("main", "pgid"), r.field("main", "pid"), "the child leads its own group");
+}
+
+#[test]
+fn rewrite_maps_and_drops_forwarded_signals() {
+    for mode in BOTH {
+        let app = sigapp("app", &[]);
+        let mut args = vec![OFF, "--rewrite", "USR1:USR2", "--rewrite", "SIGWINCH:0", "--"];
+        args.extend(app.iter().map(String::as_str));
+        let mut r = Running::start(mode, &args);
+        r.wait_started(&["app"]);
+        r.signal(libc::SIGWINCH);
+        r.signal(libc::SIGUSR1);
+        assert!(r.wait_mark("app: got SIGUSR2", secs(5)), "{}", r.marks());
+        r.signal(libc::SIGHUP);
+        assert!(r.wait_mark("app: got SIGHUP", secs(5)));
+        assert!(!r.has("app: got SIGUSR1") && !r.has("app: got SIGWINCH"), "{}", r.marks());
+    }
+}
+
+/// SigBlk, SigIgn, SigCgt of a process, without signals 32 and 33: glibc keeps
+/// those for itself (SIGCANCEL, SIGSETXID), refuses to let a program change them,
+/// and installs its own handlers in any process that starts threads, so their
+/// state says nothing about what a program chose.
+fn sig_state(pid: i32) -> (String, String, String) {
+    let field = |k: &str| {
+        let v = u64::from_str_radix(&status_field(pid, k).unwrap(), 16).unwrap();
+        format!("{:016x}", v & !(0b11u64 << 31))
+    };
+    (field("SigBlk"), field("SigIgn"), field("SigCgt"))
+}
+
+#[test]
+fn the_child_starts_with_the_signal_state_drainit_inherited() {
+    let launch = ["--ignore", "HUP", "--block", "USR2"];
+    // Without an init in between.
+    let tmp = TmpDir::new("bare");
+    let mut bare = std::process::Command::new(python())
+        .args([fixture("launch.py").as_str(), "--ignore", "HUP", "--block", "USR2", "--", "sleep", "30"])
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .spawn()
+        .unwrap();
+    let bare_pid = bare.id() as i32;
+    let bare_state = wait_for(secs(5), || {
+        let comm = std::fs::read_to_string(format!("/proc/{bare_pid}/comm")).ok()?;
+        (comm.trim() == "sleep").then(|| sig_state(bare_pid))
+    })
+    .unwrap();
+    let _ = bare.kill();
+    let _ = bare.wait();
+    assert_eq!(bare_state, ("0000000000000800".into(), "0000000000000001".into(), "0000000000000000".into()));
+    for mode in BOTH {
+        let r = Running::start_with(Start { mode, launch: &launch, args: &[OFF, "--", "sleep", "30"], env: &[] });
+        let child = r.child_running("sleep");
+        assert_eq!(sig_state(child), bare_state, "{mode:?}: SigBlk/SigIgn/SigCgt of the child");
+    }
+}
+
+fn fds_of(pid: i32) -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn no_drainit_fd_leaks_into_the_child_and_inherited_fds_pass_through() {
+    for mode in BOTH {
+        let port = free_port().to_string();
+        let probe = format!("127.0.0.1:{port}");
+        let r = Running::start(mode, &["--probe-addr", &probe, "--", "sleep", "30"]);
+        let child = r.child_running("sleep");
+        assert_eq!(fds_of(child), vec![0, 1, 2], "{mode:?}: drainit's own fds are close-on-exec");
+        // Socket activation: fd 3 reaches the child, and drainit lets go of it.
+        let r = Running::start_with(Start {
+            mode,
+            launch: &["--listen-fd", "3:$TMP/port"],
+            args: &[OFF, "--", "sleep", "30"],
+            env: &[],
+        });
+        let child = r.child_running("sleep");
+        assert_eq!(fds_of(child), vec![0, 1, 2, 3], "{mode:?}: the inherited fd 3 reaches the child");
+        let held = wait_for(secs(2), || (!fds_of(r.pid).contains(&3)).then_some(()));
+        assert!(held.is_some(), "{mode:?}: drainit still holds inherited fd 3: {:?}", fds_of(r.pid));
+        let cwd = std::fs::read_link(format!("/proc/{}/cwd", r.pid)).unwrap();
+        assert_eq!(cwd, std::path::PathBuf::from("/"), "drainit leaves its directory so it pins no mount");
+    }
+}
+
+#[test]
+fn listen_pid_names_the_child_when_it_named_drainit() {
+    let r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--setenv-pid", "LISTEN_PID"],
+        args: &[OFF, "--", "sh", "-c", "echo \"$$ $LISTEN_PID\" > \"$TMP/pids\"; exec sleep 30"],
+        env: &[("LISTEN_FDS", "0")],
+    });
+    let got = wait_for(secs(5), || std::fs::read_to_string(r.path("pids")).ok().filter(|s| s.ends_with('\n'))).unwrap();
+    let v: Vec<&str> = got.split_whitespace().collect();
+    assert_eq!(v[0], v[1], "LISTEN_PID is the child's pid: {got}");
+}
+
+#[test]
+fn thousand_orphans_leave_no_zombie() {
+    let app = r#"
+import os, sys, time
+me = os.getpid()
+for _ in range(1000):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os._exit(0)     # the grandchild: orphaned when its parent exits first
+        os._exit(0)
+for _ in range(1000):
+    os.wait()
+def zombies():
+    n = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                s = open("/proc/%s/stat" % p).read()
+            except OSError:
+                continue
+            f = s[s.rfind(")") + 2:].split()
+            if f[0] == "Z" and int(f[1]) == os.getppid():
+                n += 1
+    return n
+end = time.time() + 10
+while zombies() and time.time() < end:
+    time.sleep(0.05)
+open(os.environ["TMP"] + "/zombies", "w").write("%d\n" % zombies())
+"#;
+    for mode in BOTH {
+        let mut r = Running::start(mode, &[OFF, "--", python(), "-c", app]);
+        let (rc, _) = r.wait(secs(30));
+        assert_eq!(rc, 0, "{}", r.stderr_text());
+        let z = std::fs::read_to_string(r.path("zombies")).unwrap();
+        assert_eq!(z.trim(), "0", "{mode:?}: zombies left");
+        assert!(num(&r.report(), "orphans_reaped") >= 1000, "{mode:?}: {}", r.report());
+    }
+}
+
+#[test]
+fn leftover_processes_get_term_and_finish_cleanup_before_exit() {
+    for mode in BOTH {
+        let app = format!("{} {}", python(), fixture("sigapp.py"));
+        let script = format!(
+            "NAME=pgrp CLEANUP=0.4 {app} & NAME=setsid CLEANUP=0.4 setsid {app} & \
+             until grep -q '^setsid: started' \"$MARK\" && grep -q '^pgrp: started' \"$MARK\"; do sleep 0.02; done; exit 0"
+        );
+        let mut r = Running::start(mode, &[OFF, "--pre-drain-delay", "3s", "--drain-timeout", "5s", "--", "sh", "-c", &script]);
+        let (rc, _) = r.wait(secs(15));
+        assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
+        for d in ["pgrp", "setsid"] {
+            assert_eq!(r.count(&format!("{d}: got SIGTERM")), 1, "{mode:?}: {}", r.marks());
+            assert!(r.has(&format!("{d}: cleanup done")), "{mode:?}: {d} was killed mid-cleanup: {}", r.marks());
+        }
+        let rep = r.report();
+        assert_eq!(text(&rep, "reason"), "child_exited");
+        assert_eq!(num(&rep, "stop.in_flight_at_start"), 2);
+        assert_eq!(num(&rep, "stop.completed"), 2);
+        assert_eq!(rep["abandoned"].as_array().unwrap().len(), 0);
+    }
+}
+
+#[test]
+fn not_pid1_never_signals_what_it_did_not_start() {
+    // A bystander in drainit's own process group and session.
+    let tmp = TmpDir::new("bystander");
+    let mark = tmp.join("mark");
+    std::fs::write(&mark, "").unwrap();
+    let mut bystander = std::process::Command::new(python())
+        .arg(fixture("sigapp.py"))
+        .env("NAME", "bystander")
+        .env("MARK", &mark)
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .spawn()
+        .unwrap();
+    wait_for(secs(5), || std::fs::read_to_string(&mark).ok().filter(|s| s.contains("started"))).unwrap();
+    let app = sigapp("stubborn", &["STUBBORN=1"]);
+    let mut args = vec![OFF, "--pre-drain-delay", "0s", "--drain-timeout", "300ms", "--"];
+    args.extend(app.iter().map(String::as_str));
+    let mut r = Running::start(Mode::Subreaper, &args);
+    r.wait_started(&["stubborn"]);
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(5));
+    assert_eq!(rc, 2);
+    assert!(alive(bystander.id() as i32), "the bystander was killed");
+    assert!(!std::fs::read_to_string(&mark).unwrap().contains("got"), "the bystander got a signal");
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}
+
+#[test]
+fn a_closed_stderr_does_not_crash_drainit() {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("exec 2>&-; exec {} --probe-addr off -- sh -c 'exit 3'", bin())])
+        .status()
+        .unwrap();
+    assert_eq!(out.code(), Some(3));
+}
+
+#[test]
+fn terminal_foreground_group_under_script() {
+    // `script` gives drainit a pty as stdin: the child's group must become the
+    // terminal's foreground group.
+    let tmp = TmpDir::new("script");
+    let out = tmp.join("out");
+    let app = "import os; print('fg=%s' % (os.tcgetpgrp(0) == os.getpgrp()), 'leader=%s' % (os.getpid() == os.getpgrp()), flush=True)";
+    let inner = format!("{} --probe-addr off -- {} -c \"{}\"", bin(), python(), app);
+    let st = std::process::Command::new("script")
+        .args(["-qec", &inner, out.to_str().unwrap()])
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(st.status.success(), "{text}");
+    assert!(text.contains("fg=True") && text.contains("leader=True"), "{text}");
+}
+
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_app_not_a_drain() {
+    let tmp = TmpDir::new("pty");
+    let out = tmp.join("tty.out");
+    let app = "import time; print('APP' + ' READY', flush=True); time.sleep(30)";
+    let res = std::process::Command::new(python())
+        .args([fixture("pty_run.py").as_str(), "--ctrl-c-after", "APP READY", "--timeout", "10", out.to_str().unwrap(), "--"])
+        .args([python(), fixture("launch.py").as_str(), "--", bin(), OFF, "--pre-drain-delay", "3s", "--", python(), "-c", app])
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .output()
+        .unwrap();
+    let res = String::from_utf8_lossy(&res.stdout).trim().to_string();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(res, "exit 130", "{text}");
+    let last = text.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    let rep: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(text_of(&rep, "reason"), "child_exited");
+    assert_eq!(text_of(&rep["child"]["exit"], "signal"), "SIGINT");
+}
+
+fn text_of<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("")
+}
