@@ -124,6 +124,29 @@ pub fn status_field(pid: i32, key: &str) -> Option<String> {
     s.lines().find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
 }
 
+/// Makes `cmd` start with signals 32 and 33 at their default disposition.
+///
+/// glibc's `posix_spawn` (which std uses, and so cargo when it starts this test
+/// binary) sets its internal signals 32 and 33 to SIG_IGN in the new process, and an
+/// ignored signal stays ignored across exec: the whole test tree would inherit
+/// them ignored, and neither Python nor glibc's `sigaction` may reset them. A
+/// container runtime starts PID 1 with every disposition at its default; the raw
+/// `rt_sigaction` syscall restores that here, so the tests see what users see.
+pub fn reset_glibc_signals(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; rt_sigaction(2) is
+    // async-signal-safe and only reads the local `act`.
+    unsafe {
+        cmd.pre_exec(|| {
+            let act = [0u64; 4]; // struct kernel_sigaction { handler = SIG_DFL, flags = 0, restorer = 0, mask = 0 }
+            for sig in [32, 33] {
+                libc::syscall(libc::SYS_rt_sigaction, sig, act.as_ptr(), std::ptr::null::<u64>(), 8usize);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A started drainit. See the module docs.
 pub struct Running {
     pub mode: Mode,
@@ -185,6 +208,7 @@ impl Running {
         for (k, v) in s.env {
             cmd.env(k, v);
         }
+        reset_glibc_signals(&mut cmd);
         let proc = cmd.spawn().expect("spawning the launcher");
         let outer = proc.id() as i32;
         let pid = match s.mode {

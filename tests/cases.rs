@@ -1,0 +1,445 @@
+//! The acceptance cases of `../shared/cases/` (bugs users hit with other inits),
+//! each turned into a test of ours: same scenario, same user-visible checks, run
+//! against the built binary. `shared_cases_pass` also runs the original scripts
+//! when the shared folder is there (CI has it beside the checkout).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const OFF: &str = "--probe-addr=off";
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn cmd<'a>(flags: &[&'a str], app: &'a [String]) -> Vec<&'a str> {
+    let mut v = flags.to_vec();
+    v.push("--");
+    v.extend(app.iter().map(String::as_str));
+    v
+}
+
+fn sh(script: String) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script]
+}
+
+fn app_cmd() -> String {
+    format!("{} {}", python(), fixture("sigapp.py"))
+}
+
+fn get(port: u16, path: &str, method: &str) -> (u16, String, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new(), String::new()) };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// B01: an app whose orphans would stay zombies without a reaping PID 1.
+#[test]
+fn b01_zombies_reaped() {
+    let app = r#"
+import os, subprocess, time
+for _ in range(50):
+    subprocess.run(["sh", "-c", "sleep 0.1 &"])
+def zombies():
+    n = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                s = open("/proc/%s/stat" % p).read()
+            except OSError:
+                continue
+            if s[s.rfind(")") + 2] == "Z":
+                n += 1
+    return n
+time.sleep(0.5)
+end = time.time() + 4
+while zombies() and time.time() < end:
+    time.sleep(0.1)
+open(os.environ["TMP"] + "/zombies", "w").write("%d\n" % zombies())
+"#;
+    let mut r = Running::start(Mode::Pid1, &[OFF, "--", python(), "-c", app]);
+    assert_eq!(r.wait(secs(30)).0, 0);
+    assert_eq!(std::fs::read_to_string(r.path("zombies")).unwrap().trim(), "0");
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "child_exited");
+    assert_eq!(num(&rep, "child.exit.code"), 0);
+}
+
+/// B02: `sleep` has no SIGTERM handler; as PID 1's child it must still die of the
+/// forwarded SIGTERM, after the delay, with the signal state drainit inherited.
+#[test]
+fn b02_sigterm_stops_a_handler_less_app() {
+    let mut r = Running::start_with(Start {
+        mode: Mode::Pid1,
+        launch: &["--ignore", "HUP", "--block", "USR2"],
+        args: &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s", "--", "sleep", "30"],
+        env: &[],
+    });
+    let c = r.child_running("sleep");
+    assert_eq!(status_field(c, "SigIgn").unwrap(), "0000000000000001");
+    assert_eq!(status_field(c, "SigBlk").unwrap(), "0000000000000800");
+    assert_eq!(status_field(c, "SigCgt").unwrap(), "0000000000000000");
+    r.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(alive(c), "the app must keep running through the 300 ms delay");
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!((300..3000).contains(&elapsed), "{elapsed} ms");
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "drained");
+    assert_eq!(text(&rep, "signal"), "SIGTERM");
+    assert_eq!(text(&rep, "child.exit.signal"), "SIGTERM");
+    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed"), num(&rep, "drain.abandoned")), (1, 1, 0));
+    assert!(num(&rep, "drain.forwarded_at_ms") >= 299);
+    assert_eq!(num(&rep, "drain.deadline_ms"), 5300);
+}
+
+/// B03: `sh -c 'app; echo'` without exec: the app behind the shell drains.
+#[test]
+fn b03_app_behind_a_non_exec_shell_drains() {
+    let script = format!("NAME=app CLEANUP=0.5 {}; echo \"wrapper: app exited $?\"", app_cmd());
+    let app = sh(script);
+    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!(r.has("app: cleanup done"));
+    assert_eq!(r.count("app: got SIGTERM"), 1);
+    assert!(r.mark_t("app: got SIGTERM").unwrap() >= r.t0 + 300);
+    assert!((800..4000).contains(&elapsed), "{elapsed}");
+    let rep = r.report();
+    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+    assert!(num(&rep, "drain.finished_at_ms") >= 800);
+}
+
+/// B04: the main app exits fast, a worker needs longer; (a) it fits, (b) it doesn't.
+#[test]
+fn b04_remaining_processes_finish_their_cleanup() {
+    let a = app_cmd();
+    let app = sh(format!("NAME=worker CLEANUP=1 {a} & exec env NAME=main CLEANUP=0.3 {a}"));
+    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    r.wait_started(&["main", "worker"]);
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!(r.has("worker: cleanup done"));
+    assert!(r.line_no("worker: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap());
+    assert!(elapsed >= 1600);
+    let rep = r.report();
+    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+
+    let app = sh(format!("NAME=worker CLEANUP=5 {a} & exec env NAME=main CLEANUP=1.5 {a}"));
+    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "2s"], &app));
+    r.wait_started(&["main", "worker"]);
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(9));
+    assert_eq!(rc, 2);
+    assert!(r.has("main: cleanup done") && r.has("worker: got SIGTERM") && !r.has("worker: cleanup done"));
+    assert!((2300..3500).contains(&elapsed), "{elapsed}");
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "abandoned");
+    assert_eq!(rep["abandoned"][0]["pid"].to_string(), r.field("worker", "pid").unwrap());
+    assert_eq!(num(&rep, "drain.deadline_ms"), 2300);
+}
+
+/// B05 and B07: the app's exit code is drainit's, promptly, also for 126–129.
+#[test]
+fn b05_b07_exit_codes_propagated() {
+    for code in [0, 1, 7, 255, 126, 127, 128, 129] {
+        let mut r = Running::start(Mode::Pid1, &[OFF, "--pre-drain-delay", "2s", "--", "sh", "-c", &format!("exit {code}")]);
+        let (rc, elapsed) = r.wait(secs(5));
+        assert_eq!(rc, code);
+        assert!(elapsed < 1500);
+        assert_eq!(text(&r.report(), "reason"), "child_exited");
+    }
+}
+
+/// B06: a child killed by a signal gives 128+n, never 0.
+#[test]
+fn b06_signal_death_gives_128_plus_n() {
+    for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15), ("INT", 2)] {
+        let mut r = Running::start(Mode::Pid1, &[OFF, "--", "sh", "-c", &format!("ulimit -c 0; kill -{sig} $$; exit 0")]);
+        assert_eq!(r.wait(secs(5)).0, 128 + n);
+        assert_eq!(text(&r.report(), "child.exit.signal"), format!("SIG{sig}"));
+    }
+}
+
+/// B08: a command that cannot be started: 127 / 126, `spawn_failed`, named.
+#[test]
+fn b08_exec_failure_gives_127_or_126() {
+    let tmp = TmpDir::new("b08");
+    let f = tmp.join("notexec");
+    std::fs::write(&f, "x").unwrap();
+    for (prog, code) in [("/nonexistent/app".to_string(), 127), ("no-such-cmd-b08".into(), 127), (f.display().to_string(), 126)] {
+        let mut r = Running::start(Mode::Pid1, &[OFF, "--", &prog]);
+        assert_eq!(r.wait(secs(5)).0, code);
+        assert_eq!(text(&r.report(), "reason"), "spawn_failed");
+        assert!(r.stderr_text().contains(&prog));
+    }
+}
+
+/// B11: daemons left when the main process exits by itself get SIGTERM and time.
+#[test]
+fn b11_leftover_daemons_get_term_and_time() {
+    let a = app_cmd();
+    let wait = "until grep -q '^stubborn: started' \"$MARK\"; do sleep 0.02; done";
+    for (mcode, want) in [(0, 2), (3, 3)] {
+        let app = sh(format!("NAME=stubborn STUBBORN=1 setsid {a} & {wait}; echo \"main: exiting t=$(date +%s%3N)\" >> \"$MARK\"; exit {mcode}"));
+        let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "2s", "--drain-timeout", "1s"], &app));
+        let (rc, _) = r.wait(secs(10));
+        assert_eq!(rc, want);
+        let tm = r.mark_t("main: exiting").unwrap();
+        assert!(r.mark_t("stubborn: got SIGTERM").unwrap() < tm + 1500, "no pre-drain delay without a drain signal");
+        let rep = r.report();
+        assert!(["child_exited", "abandoned"].contains(&text(&rep, "reason")));
+        assert_eq!(rep["abandoned"][0]["pid"].to_string(), r.field("stubborn", "pid").unwrap());
+    }
+}
+
+/// B12: a setsid'd descendant still gets SIGTERM, with either --forward-to.
+#[test]
+fn b12_setsid_descendant_gets_term() {
+    let a = app_cmd();
+    for mode in ["child", "group"] {
+        let app = sh(format!("NAME=daemon CLEANUP=0.5 setsid {a} & exec env NAME=main CLEANUP=0.2 {a}"));
+        let mut r = Running::start(
+            Mode::Pid1,
+            &cmd(&[OFF, "--forward-to", mode, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app),
+        );
+        r.wait_started(&["main", "daemon"]);
+        r.signal(libc::SIGTERM);
+        let (rc, elapsed) = r.wait(secs(8));
+        assert_eq!(rc, 0);
+        assert!(r.has("daemon: cleanup done"), "{mode}: {}", r.marks());
+        assert_eq!(r.count("daemon: got SIGTERM"), 1);
+        assert!(elapsed >= 1000);
+        let rep = r.report();
+        assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+    }
+}
+
+/// B15: a JVM-style exit 143 after SIGTERM is a clean drain (0); by itself it is 143.
+#[test]
+fn b15_clean_stop_reported_as_zero() {
+    let app = sigapp("app", &["CLEANUP=0.2", "EXIT_CODE=143"]);
+    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms"], &app));
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGTERM);
+    assert_eq!(r.wait(secs(8)).0, 0);
+    assert_eq!(num(&r.report(), "child.exit.code"), 143);
+    let mut r = Running::start(Mode::Pid1, &[OFF, "--", python(), "-c", "import sys, time; time.sleep(0.3); sys.exit(143)"]);
+    assert_eq!(r.wait(secs(8)).0, 143);
+    assert_eq!(text(&r.report(), "reason"), "child_exited");
+}
+
+/// B16: the drain timeout is enforced with SIGKILL and reported.
+#[test]
+fn b16_drain_timeout_enforced_with_sigkill() {
+    let app = sigapp("app", &["STUBBORN=1"]);
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "2s", "--report-file", "$TMP/report.json"], &app),
+    );
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 2);
+    assert!((2300..4500).contains(&elapsed));
+    let rep = r.report();
+    assert_eq!(num(&rep, "drain.deadline_ms"), 2300);
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(r.path("report.json")).unwrap()).unwrap();
+    assert_eq!(file, rep);
+}
+
+/// B17: no request fails while a load balancer still routes after SIGTERM.
+#[test]
+fn b17_no_dropped_requests_during_the_pre_drain_delay() {
+    let (port, probe) = (free_port(), free_port());
+    let server = vec![python().to_string(), fixture("server.py"), port.to_string()];
+    let p = format!("127.0.0.1:{probe}");
+    let ready = format!("127.0.0.1:{port}");
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(&["--probe-addr", &p, "--ready-tcp", &ready, "--pre-drain-delay", "1500ms", "--drain-timeout", "3s"], &server),
+    );
+    wait_for(secs(10), || (get(probe, "/readyz", "GET").0 == 200).then_some(())).expect("ready");
+    r.signal(libc::SIGTERM);
+    let start = Instant::now();
+    let (mut ok, mut failed) = (0, 0);
+    while start.elapsed() < secs(1) {
+        if get(port, "/", "GET").0 == 200 { ok += 1 } else { failed += 1 }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(failed, 0, "requests failed during the balancer's lag");
+    assert!(ok >= 10);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!(elapsed >= 1500);
+    assert!(num(&r.report(), "drain.forwarded_at_ms") >= 1499);
+}
+
+/// B18: readiness flips on SIGTERM, liveness stays; `stopping` during teardown.
+#[test]
+fn b18_readiness_flips_liveness_stays() {
+    let probe = free_port();
+    let p = format!("127.0.0.1:{probe}");
+    let mut r = Running::start(
+        Mode::Pid1,
+        &[
+            "--probe-addr", &p, "--ready-file", "$TMP/ready", "--pre-drain-delay", "1s", "--drain-timeout", "3s",
+            "--teardown", "sleep 1", "--", "sleep", "30",
+        ],
+    );
+    wait_for(secs(10), || (get(probe, "/healthz", "GET").0 == 200).then_some(())).expect("probe up");
+    let (st, head, body) = get(probe, "/readyz", "GET");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((st, body["status"].as_str()), (503, Some("starting")));
+    assert_eq!(body["checks"]["file"]["detail"], "not found");
+    assert!(head.contains("content-type: application/json") && head.contains("cache-control: no-store"));
+    std::fs::write(r.path("ready"), "").unwrap();
+    wait_for(secs(2), || (get(probe, "/readyz", "GET").0 == 200).then_some(())).expect("ready within 2 s");
+    assert_eq!(get(probe, "/nope", "GET").0, 404);
+    assert_eq!(get(probe, "/readyz", "POST").0, 405);
+    r.signal(libc::SIGTERM);
+    let sent = Instant::now();
+    wait_for(Duration::from_millis(300), || (get(probe, "/readyz", "GET").0 == 503).then_some(())).expect("503 within 300 ms");
+    while sent.elapsed() < Duration::from_millis(900) {
+        assert_eq!(get(probe, "/readyz", "GET").2, r#"{"status":"draining"}"#);
+        assert_eq!(get(probe, "/healthz", "GET").0, 200);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopping = wait_for(secs(4), || (get(probe, "/readyz", "GET").2 == r#"{"status":"stopping"}"#).then_some(()));
+    assert!(stopping.is_some(), "stopping during the teardown");
+    assert_eq!(get(probe, "/healthz", "GET").0, 200);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!(elapsed >= 2000);
+    assert_eq!(r.report()["teardown"][0]["ok"], true);
+}
+
+/// B20: a helper the app needs while it drains outlives the app's drain.
+#[test]
+fn b20_helpers_outlive_the_apps_drain() {
+    let a = app_cmd();
+    let app = sh(format!("NAME=helper CLEANUP=0 {a} & exec env NAME=main CLEANUP=1 {a}"));
+    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    r.wait_started(&["main", "helper"]);
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(8));
+    assert_eq!(rc, 0);
+    assert!(r.line_no("helper: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap(), "{}", r.marks());
+    assert_eq!(r.count("helper: got SIGTERM"), 1);
+    assert!(elapsed >= 1300);
+}
+
+/// B21: socket activation fds reach the child; drainit closes its copies.
+#[test]
+fn b21_inherited_fds_closed_in_drainit() {
+    let mut r = Running::start_with(Start {
+        mode: Mode::Pid1,
+        launch: &["--listen-fd", "3:$TMP/port3"],
+        args: &[OFF, "--pre-drain-delay", "200ms", "--", "sh", "-c", "exec 3>&-; exec sleep 30"],
+        env: &[],
+    });
+    let _child = r.child_running("sleep");
+    let port: u16 = std::fs::read_to_string(r.path("port3")).unwrap().trim().parse().unwrap();
+    let refused = wait_for(secs(2), || TcpStream::connect(("127.0.0.1", port)).is_err().then_some(()));
+    assert!(refused.is_some(), "the port is still bound: drainit holds the inherited socket");
+    r.signal(libc::SIGTERM);
+    assert_eq!(r.wait(secs(6)).0, 0);
+}
+
+/// B25: with a terminal the app owns the foreground; Ctrl-C reaches it (130).
+/// (process.rs: ctrl_c_on_a_terminal_reaches_the_app_not_a_drain does it in full.)
+#[test]
+fn b25_terminal_foreground_and_ctrl_c() {
+    let tmp = TmpDir::new("b25");
+    let out = tmp.join("tty.out");
+    let app = "import os, time; print('fg=%s' % (os.tcgetpgrp(0) == os.getpgrp()), flush=True); print('APP' + ' READY', flush=True); time.sleep(30)";
+    let res = std::process::Command::new(python())
+        .args([fixture("pty_run.py").as_str(), "--ctrl-c-after", "APP READY", out.to_str().unwrap(), "--"])
+        .args([python(), fixture("launch.py").as_str(), "--", bin(), OFF, "--", python(), "-c", app])
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(String::from_utf8_lossy(&res.stdout).trim(), "exit 130", "{text}");
+    assert!(text.contains("fg=True"), "{text}");
+}
+
+/// B27: not PID 1, drainit adopts (subreaper), drains and reaps orphans.
+#[test]
+fn b27_adopts_and_drains_orphans_when_not_pid1() {
+    let app = format!(
+        r#"
+import os, sys, time
+if os.fork() == 0:
+    mid = os.getpid()
+    if os.fork() == 0:
+        while os.getppid() == mid:
+            time.sleep(0.01)
+        os.environ.update(NAME="daemon", CLEANUP="0.3")
+        os.execv(sys.executable, [sys.executable, "{}"])
+    os._exit(0)
+os.wait()
+end = time.time() + 10
+while "daemon: started" not in open(os.environ["MARK"]).read() and time.time() < end:
+    time.sleep(0.02)
+"#,
+        fixture("sigapp.py")
+    );
+    let mut r = Running::start(Mode::Subreaper, &[OFF, "--pre-drain-delay", "2s", "--drain-timeout", "3s", "--", python(), "-c", &app]);
+    let (rc, _) = r.wait(secs(10));
+    assert_eq!(rc, 0);
+    assert_eq!(r.field("daemon", "ppid").unwrap(), r.pid.to_string(), "re-parented to drainit");
+    assert_eq!(r.count("daemon: got SIGTERM"), 1);
+    assert!(r.has("daemon: cleanup done"));
+    assert_eq!(text(&r.report(), "reason"), "child_exited");
+}
+
+/// B29: `--rewrite TERM:QUIT` applies at beat 3; `--rewrite HUP:USR1` at once.
+#[test]
+fn b29_stop_signal_rewritten() {
+    let app = sigapp("app", &["DRAIN_SIG=QUIT", "CLEANUP=0.2"]);
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(&[OFF, "--rewrite", "TERM:QUIT", "--rewrite", "SIGHUP:SIGUSR1", "--pre-drain-delay", "300ms"], &app),
+    );
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGHUP);
+    assert!(r.wait_mark("app: got SIGUSR1", secs(2)));
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(6));
+    assert_eq!(rc, 0);
+    assert!(!r.has("app: got SIGTERM") && !r.has("app: got SIGHUP"));
+    assert!(r.mark_t("app: got SIGQUIT").unwrap() >= r.t0 + 300);
+    assert_eq!(text(&r.report(), "signal"), "SIGTERM");
+}
+
+/// The original case scripts, when `../shared/cases` is beside the checkout.
+#[test]
+fn shared_cases_pass() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/cases");
+    if !dir.join("run-all.sh").exists() {
+        eprintln!("skipped: {} not found", dir.display());
+        return;
+    }
+    let mut sh = std::process::Command::new("sh");
+    sh.arg(dir.join("run-all.sh")).arg(bin());
+    reset_glibc_signals(&mut sh);
+    let out = sh.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "shared cases failed:\n{text}");
+}
