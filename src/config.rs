@@ -431,7 +431,6 @@ impl Env for ProcessEnv {
 struct Resolver<'a> {
     m: &'a ArgMatches,
     env: &'a dyn Env,
-    file: &'a FileConfig,
     path: String,
     text: String,
 }
@@ -569,7 +568,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         None => (FileConfig::default(), String::new(), String::new()),
     };
-    let r = Resolver { m, env, file: &file, path, text };
+    let r = Resolver { m, env, path, text };
 
     let probe = r.scalar("probe_addr", &cli.probe_addr, &file.probe_addr, "0.0.0.0:8079", parse_probe_addr)?;
     let explicit = cli.probe_addr.is_some() || file.probe_addr.is_some();
@@ -660,15 +659,12 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     }
 
     let mut rewrite = RewriteMap::default();
-    let pairs: Vec<(String, Origin)> = match r.list("rewrite", &cli.rewrite) {
+    match r.list("rewrite", &cli.rewrite) {
         Some((vals, origin)) => {
-            let mut v = Vec::new();
             for s in vals {
                 let (a, b) = RewriteMap::parse_pair(&s).map_err(|e| origin.error(&e))?;
                 rewrite.insert(a, b);
-                v.push((s, Origin::Default));
             }
-            v
         }
         None => {
             for s in file.rewrite.iter().flatten() {
@@ -676,10 +672,8 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                     RewriteMap::parse_pair(s.get_ref()).map_err(|e| r.file_origin("rewrite", s.span()).error(&e))?;
                 rewrite.insert(a, b);
             }
-            Vec::new()
         }
-    };
-    drop(pairs);
+    }
 
     // Checks.
     let mut checks = Vec::new();
@@ -892,11 +886,11 @@ impl Config {
             ForwardTo::Group => "group",
         };
         let _ = writeln!(s, "forward_to = {}", q(fwd));
-        let rw: Vec<String> = self.rewrite.pairs().iter().map(|(a, b)| q(&format!("{a}:{}", b.0))).collect();
-        let rw: Vec<String> = rw
+        let rw: Vec<String> = self
+            .rewrite
+            .pairs()
             .into_iter()
-            .zip(self.rewrite.pairs())
-            .map(|(_, (a, b))| if b.0 == 0 { q(&format!("{a}:0")) } else { q(&format!("{a}:{b}")) })
+            .map(|(a, b)| if b.0 == 0 { q(&format!("{a}:0")) } else { q(&format!("{a}:{b}")) })
             .collect();
         let _ = writeln!(s, "rewrite = [{}]", rw.join(", "));
         let _ = writeln!(s, "ready_notify = {}", self.ready_notify);

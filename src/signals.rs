@@ -146,10 +146,6 @@ impl Signal {
             && (n < 32 || n >= Self::rtmin())
     }
 
-    /// The nix form, for the standard signals (None for real-time ones).
-    pub(crate) fn to_nix(self) -> Option<NixSignal> {
-        NixSignal::try_from(self.0).ok()
-    }
 }
 
 impl fmt::Display for Signal {
@@ -320,6 +316,20 @@ impl SignalStream {
     }
 }
 
+/// `kill(2)`: sends `sig` to `pid` (a process), `-pgid` (a process group) or `-1`.
+///
+/// nix's `kill` takes only the standard signals; real-time ones are forwarded too
+/// (DESIGN §5), so the raw call is used.
+///
+/// # Errors
+/// The errno: `ESRCH` when the target is gone (callers tolerate it), `EPERM`.
+#[allow(unsafe_code)]
+pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    let r = unsafe { libc::kill(pid, sig.0) };
+    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,18 +387,4 @@ mod tests {
         assert_eq!(m.apply(Signal::HUP), Some(Signal::HUP));
         assert!(RewriteMap::parse_pair("TERM").is_err());
     }
-}
-
-/// `kill(2)`: sends `sig` to `pid` (a process), `-pgid` (a process group) or `-1`.
-///
-/// nix's `kill` takes only the standard signals; real-time ones are forwarded too
-/// (DESIGN §5), so the raw call is used.
-///
-/// # Errors
-/// The errno: `ESRCH` when the target is gone (callers tolerate it), `EPERM`.
-#[allow(unsafe_code)]
-pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    let r = unsafe { libc::kill(pid, sig.0) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
