@@ -27,7 +27,9 @@ use crate::spawn::{HelperOutput, spawn_helper};
 /// The result of one check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckResult {
+    /// The check's configured name (`tcp`, `tcp-2`, or a `[[check]]` name).
     pub name: String,
+    /// The check passed.
     pub ok: bool,
     /// The kind of failure; `None` when ok.
     pub detail: Option<String>,
@@ -40,6 +42,7 @@ pub struct Evaluation {
 }
 
 impl Evaluation {
+    /// Every check passed (true for no checks).
     pub fn all_ok(&self) -> bool {
         self.results.iter().all(|r| r.ok)
     }
@@ -55,10 +58,20 @@ pub struct Checks {
 }
 
 impl Checks {
+    /// The checks of the configuration, in order. `reaper` is the one waiter: exec
+    /// checks register their pid with it, and their status arrives only when the
+    /// supervisor reaps (without a reaping loop, an exec check ends by timing out).
     pub fn new(specs: Vec<Check>, reaper: Rc<RefCell<Reaper>>) -> Rc<Checks> {
-        Rc::new(Checks { specs, reaper, running: RefCell::new(None), last: RefCell::new(None), runs: 0.into() })
+        Rc::new(Checks {
+            specs,
+            reaper,
+            running: RefCell::new(None),
+            last: RefCell::new(None),
+            runs: 0.into(),
+        })
     }
 
+    /// No check is configured.
     pub fn is_empty(&self) -> bool {
         self.specs.is_empty()
     }
@@ -95,16 +108,28 @@ impl Checks {
                 }
             }
         };
-        match rx.wait_for(Option::is_some).await {
-            Ok(v) => v.clone().expect("wait_for returned a Some"),
-            // The evaluating task panicked: report every check failed.
-            Err(_) => Rc::new(Evaluation {
-                results: self
-                    .specs
-                    .iter()
-                    .map(|c| CheckResult { name: c.name.clone(), ok: false, detail: Some("internal error".into()) })
-                    .collect(),
-            }),
+        let finished = rx.wait_for(Option::is_some).await.map(|v| v.clone());
+        match finished {
+            Ok(v) => v.expect("wait_for returned a Some"),
+            // The evaluating task panicked: report every check failed, and forget
+            // the dead evaluation so that the next request starts a fresh one.
+            Err(_) => {
+                let mut running = self.running.borrow_mut();
+                if running.as_ref().is_some_and(|r| r.same_channel(&rx)) {
+                    *running = None;
+                }
+                Rc::new(Evaluation {
+                    results: self
+                        .specs
+                        .iter()
+                        .map(|c| CheckResult {
+                            name: c.name.clone(),
+                            ok: false,
+                            detail: Some("internal error".into()),
+                        })
+                        .collect(),
+                })
+            }
         }
     }
 
@@ -114,11 +139,19 @@ impl Checks {
             let spec = spec.clone();
             let reaper = self.reaper.clone();
             set.spawn_local(async move {
-                let detail = match tokio::time::timeout(spec.timeout, run_one(&spec.kind, &reaper, spec.timeout)).await {
-                    Ok(r) => r.err(),
-                    Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
-                };
-                (i, CheckResult { name: spec.name.clone(), ok: detail.is_none(), detail })
+                let detail =
+                    match tokio::time::timeout(spec.timeout, run_one(&spec.kind, &reaper)).await {
+                        Ok(r) => r.err(),
+                        Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
+                    };
+                (
+                    i,
+                    CheckResult {
+                        name: spec.name.clone(),
+                        ok: detail.is_none(),
+                        detail,
+                    },
+                )
             });
         }
         let mut results: Vec<Option<CheckResult>> = vec![None; self.specs.len()];
@@ -132,7 +165,11 @@ impl Checks {
                 .into_iter()
                 .zip(&self.specs)
                 .map(|(r, c)| {
-                    r.unwrap_or(CheckResult { name: c.name.clone(), ok: false, detail: Some("internal error".into()) })
+                    r.unwrap_or(CheckResult {
+                        name: c.name.clone(),
+                        ok: false,
+                        detail: Some("internal error".into()),
+                    })
                 })
                 .collect(),
         }
@@ -142,14 +179,22 @@ impl Checks {
 /// `500ms`, `1s`, `1.5s`.
 pub fn fmt_ms(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 { format!("{}s", ms / 1000) } else if ms < 1000 { format!("{ms}ms") } else { format!("{}s", ms as f64 / 1000.0) }
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        format!("{}s", ms as f64 / 1000.0)
+    }
 }
 
-async fn run_one(kind: &CheckKind, reaper: &Rc<RefCell<Reaper>>, timeout: Duration) -> Result<(), String> {
+/// Runs one check to its end (the caller bounds it with the check's timeout).
+/// `Err` holds the failure kind shown as `detail`.
+async fn run_one(kind: &CheckKind, reaper: &Rc<RefCell<Reaper>>) -> Result<(), String> {
     match kind {
         CheckKind::Tcp(addr) => tcp(addr).await.map(drop),
         CheckKind::Http(url) => http(url).await,
-        CheckKind::Exec(argv) => exec(argv, reaper, timeout).await,
+        CheckKind::Exec(argv) => exec(argv, reaper).await,
         CheckKind::File(p) => {
             if p.exists() {
                 Ok(())
@@ -173,7 +218,9 @@ fn connect_error(e: &std::io::Error) -> String {
 }
 
 async fn tcp(addr: &str) -> Result<tokio::net::TcpStream, String> {
-    tokio::net::TcpStream::connect(addr).await.map_err(|e| connect_error(&e))
+    tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| connect_error(&e))
 }
 
 struct Target<'a> {
@@ -189,14 +236,22 @@ fn split_url(url: &str) -> Option<Target<'_>> {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    Some(Target { hostport, path: if path.is_empty() { "/" } else { path }, userinfo })
+    Some(Target {
+        hostport,
+        path: if path.is_empty() { "/" } else { path },
+        userinfo,
+    })
 }
 
 fn base64(input: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in input.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -230,15 +285,25 @@ async fn http(url: &str) -> Result<(), String> {
         .header(hyper::header::USER_AGENT, "drainit-check")
         .header(hyper::header::CONNECTION, "close");
     if let Some(u) = t.userinfo {
-        req = req.header(hyper::header::AUTHORIZATION, format!("Basic {}", base64(u.as_bytes())));
+        req = req.header(
+            hyper::header::AUTHORIZATION,
+            format!("Basic {}", base64(u.as_bytes())),
+        );
     }
     let req = req.body(Empty::new()).map_err(|_| "bad url".to_string())?;
-    let resp = sender.send_request(req).await.map_err(|_| "connection failed".to_string())?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|_| "connection failed".to_string())?;
     let status = resp.status().as_u16();
-    if (200..400).contains(&status) { Ok(()) } else { Err(format!("http status {status}")) }
+    if (200..400).contains(&status) {
+        Ok(())
+    } else {
+        Err(format!("http status {status}"))
+    }
 }
 
-async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>, timeout: Duration) -> Result<(), String> {
+async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), String> {
     let (pid, rx) = {
         let mut r = reaper.borrow_mut();
         let pid = spawn_helper(argv, HelperOutput::Null).map_err(|e| match e.kind() {
@@ -259,7 +324,6 @@ async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>, timeout: Duration) 
         }
     }
     let guard = KillOnDrop(pid, reaper.clone());
-    let _ = timeout;
     let exit = rx.await.map_err(|_| "internal error".to_string())?;
     drop(guard);
     match exit {
@@ -300,7 +364,10 @@ mod tests {
     #[test]
     fn url_parts() {
         let t = split_url("http://u:p@127.0.0.1:8080/health?x=1").unwrap();
-        assert_eq!((t.hostport, t.path, t.userinfo), ("127.0.0.1:8080", "/health?x=1", Some("u:p")));
+        assert_eq!(
+            (t.hostport, t.path, t.userinfo),
+            ("127.0.0.1:8080", "/health?x=1", Some("u:p"))
+        );
         assert_eq!(split_url("http://h").unwrap().path, "/");
     }
 }

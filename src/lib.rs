@@ -42,6 +42,14 @@
 //! code (0 clean, 2 abandoned or teardown failed). The policy is the pure state
 //! machine in [`drain`]; the [`supervisor`] only drives it.
 //!
+//! **Probes and readiness.** The supervisor publishes the phase on a
+//! `tokio::sync::watch`; the [`probe`] server, the [`checks`] and the sd_notify
+//! tasks of [`notify`] are other tasks of the same thread that read it (notify also
+//! writes the app's own fields: `STATUS=`, `STOPPING=1`, the watchdog) and never
+//! hold anything the loop needs. Readiness first passes when every check and, with
+//! `--ready-notify`, the app's `READY=1` have passed; from then on `/readyz`
+//! re-evaluates the checks per request, concurrent requests sharing one evaluation.
+//!
 //! **The two error regimes.** Before the spawn, everything fallible happens (flags,
 //! config file, probe socket, signalfd) and a failure exits at once with a message
 //! "<action> failed: <cause>" and the documented code (64, 78, 1), so bad input
@@ -54,6 +62,7 @@ pub mod checks;
 pub mod config;
 pub mod drain;
 pub mod logging;
+pub mod notify;
 pub mod probe;
 pub mod procs;
 pub mod reaper;

@@ -10,13 +10,14 @@ use std::rc::Rc;
 
 use drainit::checks::Checks;
 use drainit::config::{self, EXIT_CONFIG, ProbeAddr, ProcessEnv};
+use drainit::logging;
+use drainit::notify::{self, AppSocket, Systemd};
 use drainit::probe::{self, Published};
 use drainit::reaper::Reaper;
 use drainit::report::Report;
 use drainit::signals::{self, SignalStream};
 use drainit::spawn::{self, ChildSpec};
 use drainit::supervisor::Supervisor;
-use drainit::logging;
 
 /// drainit itself failed (DESIGN §3).
 const EXIT_INTERNAL: i32 = 1;
@@ -28,7 +29,9 @@ fn main() {
 /// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):
 /// passed on to the child, then closed in drainit so it never holds them.
 fn inherited_fds() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
     let mut fds: Vec<i32> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .filter(|fd| *fd > 2)
@@ -46,7 +49,10 @@ fn run() -> i32 {
     let mask = match signals::block_caught() {
         Ok(m) => m,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "drainit: error: blocking signals failed: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "drainit: error: blocking signals failed: {e}"
+            );
             return EXIT_INTERNAL;
         }
     };
@@ -76,7 +82,9 @@ fn run() -> i32 {
     if budget.fits() {
         log::info!("grace budget: {budget}");
     } else {
-        log::warn!("grace budget: {budget}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)");
+        log::warn!(
+            "grace budget: {budget}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
+        );
     }
 
     let listener = match &cfg.probe_addr {
@@ -88,10 +96,28 @@ fn run() -> i32 {
                 return EXIT_CONFIG;
             }
             Err(e) => {
-                log::warn!("binding the default probe address {addr} failed ({}); running without probes", io_kind(&e));
+                log::warn!(
+                    "binding the default probe address {addr} failed ({}); running without probes",
+                    io_kind(&e)
+                );
                 None
             }
         },
+    };
+
+    // sd_notify: drainit's own service manager, and the child's socket (bound
+    // before the spawn, like the probe socket).
+    let systemd = Systemd::from_env().map(Rc::new);
+    let app_socket = if cfg.ready_notify {
+        match AppSocket::bind(systemd.as_ref().and_then(|s| s.watchdog())) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::error!("creating the notify socket failed: {e}");
+                return EXIT_INTERNAL;
+            }
+        }
+    } else {
+        None
     };
 
     let is_pid1 = std::process::id() == 1;
@@ -99,7 +125,11 @@ fn run() -> i32 {
         log::warn!("becoming a child subreaper failed: {e}; orphans will pass drainit by");
     }
 
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             log::error!("starting the runtime failed: {e}");
@@ -119,7 +149,13 @@ fn run() -> i32 {
         let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
         let checks = Checks::new(cfg.checks.clone(), reaper.clone());
 
-        let spec = child_spec(&cfg);
+        let spec = child_spec(
+            &cfg,
+            app_socket
+                .as_ref()
+                .map(AppSocket::child_env)
+                .unwrap_or_default(),
+        );
         let pid = match spawn::spawn_child(&spec, mask, spawn::owns_terminal()) {
             Ok(pid) => pid,
             Err(e) => {
@@ -137,17 +173,34 @@ fn run() -> i32 {
             tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
         }
         let report_file = cfg.report_file.clone();
-        let supervisor = Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, pid);
+        let app_ready = app_socket.map(|sock| {
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            tokio::task::spawn_local(sock.serve(pid, state_tx.clone(), ready_tx, systemd.clone()));
+            ready_rx
+        });
+        if let Some(s) = systemd {
+            // EXTEND_TIMEOUT_USEC at T0: the whole budget, plus the settle after SIGKILL.
+            let extend = cfg.budget().total() + drainit::drain::KILL_SETTLE;
+            tokio::task::spawn_local(notify::follow(
+                s,
+                state_tx.subscribe(),
+                extend,
+                app_ready.is_none(),
+            ));
+        }
+        let supervisor =
+            Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
         let report = supervisor.run().await;
         report.write(report_file.as_deref());
         report.exit_code
     })
 }
 
-/// The child's argv and environment: drainit's environment, without a
-/// `NOTIFY_SOCKET` meant for drainit itself, with `LISTEN_PID` rewritten when it
-/// names drainit (socket activation, sd_listen_fds(3)).
-fn child_spec(cfg: &config::Config) -> ChildSpec {
+/// The child's argv and environment: drainit's environment, without the
+/// `NOTIFY_SOCKET` and `WATCHDOG_*` meant for drainit itself, plus `notify_env`
+/// (the child's own socket with `--ready-notify`), with `LISTEN_PID` rewritten when
+/// it names drainit (socket activation, sd_listen_fds(3)).
+fn child_spec(cfg: &config::Config, notify_env: Vec<(OsString, OsString)>) -> ChildSpec {
     let me = std::process::id().to_string();
     let mut rewrite_listen_pid = false;
     let env: Vec<(OsString, OsString)> = std::env::vars_os()
@@ -155,10 +208,15 @@ fn child_spec(cfg: &config::Config) -> ChildSpec {
             if k == "LISTEN_PID" && v.to_str() == Some(me.as_str()) {
                 rewrite_listen_pid = true;
             }
-            k != "NOTIFY_SOCKET"
+            k != "NOTIFY_SOCKET" && k != "WATCHDOG_USEC" && k != "WATCHDOG_PID"
         })
         .collect();
-    ChildSpec { argv: cfg.command.clone(), env, rewrite_listen_pid }
+    let env = env.into_iter().chain(notify_env).collect();
+    ChildSpec {
+        argv: cfg.command.clone(),
+        env,
+        rewrite_listen_pid,
+    }
 }
 
 /// After the spawn: close the inherited fds (the child has its copies) and leave

@@ -6,14 +6,20 @@
 //! client can delay neither signal handling nor the drain.
 //!
 //! Hardening: one request per connection (the kubelet opens a fresh connection per
-//! probe), a header read timeout, a header size cap, a cap on concurrent
-//! connections (past it, new connections are closed at once), and each connection
-//! in its own task, so a panic in one is caught by the runtime and goes no further.
+//! probe), a header read timeout (from the accept, whether or not a byte arrived), a
+//! header size cap, a cap on concurrent connections, and each connection in its own
+//! task, so a panic in one is caught by the runtime and goes no further. Past the
+//! cap, the *oldest* connection is closed to make room, not the new one: a probe
+//! sends its request at once and is done in milliseconds, so the oldest connections
+//! are the stalled ones, and a flood of slow clients can never lock the kubelet out
+//! (closing new connections instead would fail every probe until the header read
+//! timeout freed a slot).
 //!
 //! Never a redirect (the kubelet counts 3xx as success); bodies are small JSON
 //! (the kubelet reads at most 10 KiB) with `Cache-Control: no-store`.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -29,18 +35,20 @@ use tokio::sync::watch;
 use crate::checks::{Checks, Evaluation};
 use crate::drain::Phase;
 
-/// How long a client may take to send its request headers.
+/// How long a client may take to send its request headers, from the accept.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one connection may live at most, whatever it does.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
-/// Concurrent connections served; more are closed at once.
+/// Concurrent connections served; past it the oldest is closed to make room.
 pub const MAX_CONNECTIONS: usize = 512;
-/// Request buffer (headers included), bytes.
+/// Request buffer (headers included), bytes; a longer head gets 431.
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 
-/// What the supervisor publishes for the probes.
+/// What the supervisor publishes for the probes. The supervisor writes `phase`;
+/// `notify.rs` writes the app's fields (sd_notify).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Published {
+    /// The lifecycle phase (DESIGN §1).
     pub phase: Phase,
     /// `STATUS=` text from the app (sd_notify), shown in `/readyz`.
     pub status_text: Option<String>,
@@ -51,8 +59,14 @@ pub struct Published {
 }
 
 impl Published {
+    /// `starting`, nothing from the app, watchdog fine.
     pub fn new() -> Published {
-        Published { phase: Phase::Starting, status_text: None, app_stopping: false, watchdog_ok: true }
+        Published {
+            phase: Phase::Starting,
+            status_text: None,
+            app_stopping: false,
+            watchdog_ok: true,
+        }
     }
 }
 
@@ -74,8 +88,13 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-/// Serves probes until the runtime stops. Spawn it with `spawn_local`.
-pub async fn serve(listener: std::net::TcpListener, state: watch::Receiver<Published>, checks: Rc<Checks>) {
+/// Serves probes until the runtime stops. Spawn it with `spawn_local` on a
+/// `LocalSet` (checks and connections are `!Send` tasks of the same thread).
+pub async fn serve(
+    listener: std::net::TcpListener,
+    state: watch::Receiver<Published>,
+    checks: Rc<Checks>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -83,7 +102,9 @@ pub async fn serve(listener: std::net::TcpListener, state: watch::Receiver<Publi
             return;
         }
     };
-    let open = Rc::new(Cell::new(0usize));
+    // Live connections by accept order: the first entry is the oldest.
+    let open: Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>> = Rc::default();
+    let mut next_id = 0u64;
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -94,16 +115,19 @@ pub async fn serve(listener: std::net::TcpListener, state: watch::Receiver<Publi
                 continue;
             }
         };
-        if open.get() >= MAX_CONNECTIONS {
-            drop(stream);
-            continue;
+        if open.borrow().len() >= MAX_CONNECTIONS
+            && let Some((_, oldest)) = open.borrow_mut().pop_first()
+        {
+            log::debug!("probe connections at the cap of {MAX_CONNECTIONS}: closing the oldest");
+            oldest.abort();
         }
         let _ = stream.set_nodelay(true);
-        open.set(open.get() + 1);
-        let guard = OpenGuard(open.clone());
+        let id = next_id;
+        next_id += 1;
+        let guard = OpenGuard(open.clone(), id);
         let state = state.clone();
         let checks = checks.clone();
-        tokio::task::spawn_local(async move {
+        let task = tokio::task::spawn_local(async move {
             let _guard = guard;
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
@@ -118,18 +142,30 @@ pub async fn serve(listener: std::net::TcpListener, state: watch::Receiver<Publi
                 .serve_connection(TokioIo::new(stream), svc);
             let _ = tokio::time::timeout(CONNECTION_DEADLINE, conn).await;
         });
+        // The task has not run yet (same thread), so its guard cannot have removed
+        // this entry before it is inserted.
+        open.borrow_mut().insert(id, task.abort_handle());
     }
 }
 
-struct OpenGuard(Rc<Cell<usize>>);
+/// Removes its connection from the live set when the connection's task ends,
+/// finished, aborted or panicked.
+struct OpenGuard(Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>>, u64);
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
+        // try_borrow_mut: never panic inside a drop that may run during unwinding.
+        if let Ok(mut open) = self.0.try_borrow_mut() {
+            open.remove(&self.1);
+        }
     }
 }
 
 fn respond(status: StatusCode, body: Value, head: bool) -> Response<Full<Bytes>> {
-    let bytes = if head { Bytes::new() } else { Bytes::from(body.to_string()) };
+    let bytes = if head {
+        Bytes::new()
+    } else {
+        Bytes::from(body.to_string())
+    };
     let mut b = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
@@ -156,22 +192,41 @@ fn checks_json(ev: &Evaluation) -> Value {
     Value::Object(m)
 }
 
-/// The answer to one request.
-pub async fn answer<B>(req: &Request<B>, state: &watch::Receiver<Published>, checks: &Rc<Checks>) -> Response<Full<Bytes>> {
+/// The answer to one request (DESIGN §6): `/healthz` 200 `{"status":"ok"}`, or 503
+/// `{"status":"unhealthy","detail":"watchdog expired"}` when the app's sd_notify
+/// watchdog stopped beating; `/readyz` 200 `ready` or 503 `starting`, `degraded`,
+/// `draining`, `stopping`, with `checks` (name → `ok`, `detail`) when checks are
+/// configured and `app_status` when the app sent `STATUS=`. Other paths 404, other
+/// methods 405 with `Allow: GET, HEAD`; `HEAD` gets the headers of `GET` and no
+/// body. Once ready, `/readyz` evaluates the checks (single flight), so it answers
+/// within the largest check timeout plus scheduling.
+pub async fn answer<B>(
+    req: &Request<B>,
+    state: &watch::Receiver<Published>,
+    checks: &Rc<Checks>,
+) -> Response<Full<Bytes>> {
     let head = req.method() == Method::HEAD;
     let path = req.uri().path();
     if path != "/healthz" && path != "/readyz" {
         return respond(StatusCode::NOT_FOUND, json!({"status": "not found"}), head);
     }
     if req.method() != Method::GET && !head {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, json!({"status": "method not allowed"}), false);
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({"status": "method not allowed"}),
+            false,
+        );
     }
     let published = state.borrow().clone();
     if path == "/healthz" {
         return if published.watchdog_ok {
             respond(StatusCode::OK, json!({"status": "ok"}), head)
         } else {
-            respond(StatusCode::SERVICE_UNAVAILABLE, json!({"status": "watchdog", "detail": "watchdog timed out"}), head)
+            respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "unhealthy", "detail": "watchdog expired"}),
+                head,
+            )
         };
     }
     let mut body = Map::new();
@@ -185,7 +240,7 @@ pub async fn answer<B>(req: &Request<B>, state: &watch::Receiver<Published>, che
         }
         Phase::Ready if published.app_stopping => {
             body.insert("status".into(), "degraded".into());
-            body.insert("detail".into(), "the app announced STOPPING=1".into());
+            body.insert("detail".into(), "app stopping".into());
             StatusCode::SERVICE_UNAVAILABLE
         }
         Phase::Ready if checks.is_empty() => {

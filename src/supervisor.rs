@@ -70,13 +70,16 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// `child_pid` was just spawned and registered with `reaper`.
+    /// `child_pid` was just spawned and registered with `reaper`. `app_ready` is
+    /// `Some` with `--ready-notify`: it yields at the app's first `READY=1`
+    /// (`notify.rs`); readiness passes once it and every check have passed.
     pub fn new(
         cfg: Config,
         reaper: Rc<RefCell<Reaper>>,
         signals: SignalStream,
         state_tx: watch::Sender<Published>,
         checks: Rc<Checks>,
+        app_ready: Option<oneshot::Receiver<()>>,
         child_pid: i32,
     ) -> Supervisor {
         let policy = Policy {
@@ -88,17 +91,24 @@ impl Supervisor {
             rewrite: cfg.rewrite.clone(),
         };
         let mut queue = VecDeque::new();
-        let ready_rx = if checks.is_empty() && !cfg.ready_notify {
+        let ready_rx = if checks.is_empty() && app_ready.is_none() {
             // Nothing configured: ready as soon as the child is spawned (DESIGN §7).
             queue.push_back(Event::ReadinessPassed);
             None
-        } else if checks.is_empty() {
-            None // readiness comes from READY=1 only
         } else {
             let (tx, rx) = oneshot::channel();
             let interval = cfg.ready_interval;
             tokio::task::spawn_local(async move {
-                checks::wait_ready(checks, interval).await;
+                if !checks.is_empty() {
+                    checks::wait_ready(checks, interval).await;
+                }
+                // A notify task that is gone never sent READY=1: never ready, and
+                // `tx` is kept, since a dropped sender would wake the loop as Ready.
+                if let Some(app_ready) = app_ready
+                    && app_ready.await.is_err()
+                {
+                    std::future::pending::<()>().await;
+                }
                 let _ = tx.send(());
             });
             Some(rx)
@@ -140,7 +150,10 @@ impl Supervisor {
     pub async fn run(mut self) -> Report {
         self.process();
         while self.outcome.is_none() {
-            let deadline = self.drain.next_deadline().map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let deadline = self
+                .drain
+                .next_deadline()
+                .map(|at| tokio::time::Instant::from_std(self.epoch + at));
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
@@ -249,11 +262,17 @@ impl Supervisor {
                         "drain started by {sig}: readiness fails now; {} in flight; forwarding in {}, deadline in {}",
                         alive.len(),
                         checks::fmt_ms(t.pre_drain_delay),
-                        checks::fmt_ms(t.deadline.unwrap_or_default().saturating_sub(t.t0.unwrap_or_default()))
+                        checks::fmt_ms(
+                            t.deadline
+                                .unwrap_or_default()
+                                .saturating_sub(t.t0.unwrap_or_default())
+                        )
                     ),
                     None => log::info!(
                         "the main child exited ({}); {} other process(es) left get {} to finish",
-                        self.drain.child_exit().map_or("?".to_string(), describe_exit),
+                        self.drain
+                            .child_exit()
+                            .map_or("?".to_string(), describe_exit),
                         alive.len(),
                         checks::fmt_ms(self.cfg.drain_timeout)
                     ),
@@ -266,7 +285,11 @@ impl Supervisor {
                         self.signalled.insert(p.id());
                     }
                 }
-                log::info!("forwarding {sig} to {} {}", if target < 0 { "process group" } else { "child" }, target.abs());
+                log::info!(
+                    "forwarding {sig} to {} {}",
+                    if target < 0 { "process group" } else { "child" },
+                    target.abs()
+                );
                 self.send(target, sig);
             }
             Action::SignalRemaining(sig) => {
@@ -279,7 +302,10 @@ impl Supervisor {
                 if let Some(pid) = self.step.as_ref().and_then(|s| s.pid)
                     && self.reaper.borrow().is_waiting(pid)
                 {
-                    log::warn!("teardown step '{}' is being killed", self.cfg.teardown[i].name);
+                    log::warn!(
+                        "teardown step '{}' is being killed",
+                        self.cfg.teardown[i].name
+                    );
                     self.send(-pid, Signal::KILL);
                 }
             }
@@ -289,7 +315,9 @@ impl Supervisor {
 
     /// Every descendant not yet signalled by drainit gets the leftover signal.
     fn signal_remaining(&mut self) {
-        let Some(sig) = self.remaining_signal else { return };
+        let Some(sig) = self.remaining_signal else {
+            return;
+        };
         for p in self.descendants() {
             if self.signalled.insert(p.id()) {
                 log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
@@ -321,8 +349,16 @@ impl Supervisor {
             let _ = signals::send(-1, Signal::KILL);
         }
         if killed > 0 {
-            let names: Vec<String> = self.ledger.abandoned().iter().map(|a| format!("{} ({})", a.pid, a.comm)).collect();
-            log::warn!("abandoned: SIGKILLed {killed} process(es): {}", names.join(", "));
+            let names: Vec<String> = self
+                .ledger
+                .abandoned()
+                .iter()
+                .map(|a| format!("{} ({})", a.pid, a.comm))
+                .collect();
+            log::warn!(
+                "abandoned: SIGKILLed {killed} process(es): {}",
+                names.join(", ")
+            );
         }
         self.queue.push_back(Event::Killed(killed));
     }
@@ -336,10 +372,20 @@ impl Supervisor {
             spawn_helper(&step.argv, HelperOutput::Inherit).map(|pid| (pid, reaper.register(pid)))
         };
         match spawned {
-            Ok((pid, rx)) => self.step = Some(Step { pid: Some(pid), started, rx: Some(rx) }),
+            Ok((pid, rx)) => {
+                self.step = Some(Step {
+                    pid: Some(pid),
+                    started,
+                    rx: Some(rx),
+                })
+            }
             Err(e) => {
                 log::error!("teardown step '{}' could not be started: {e}", step.name);
-                self.step = Some(Step { pid: None, started, rx: None });
+                self.step = Some(Step {
+                    pid: None,
+                    started,
+                    rx: None,
+                });
                 self.finish_step(None);
             }
         }
@@ -348,7 +394,10 @@ impl Supervisor {
     fn finish_step(&mut self, exit: Option<ChildExit>) {
         let Some(step) = self.step.take() else { return };
         let ok = exit == Some(ChildExit::Code(0));
-        self.steps_done.push(StepDone { duration: step.started.elapsed(), exit });
+        self.steps_done.push(StepDone {
+            duration: step.started.elapsed(),
+            exit,
+        });
         self.queue.push_back(Event::TeardownExited { ok });
     }
 
@@ -360,7 +409,11 @@ impl Supervisor {
         if let Some(exit) = round.main {
             self.child_alive = false;
             self.ledger.ended(self.child_pid);
-            log::info!("main child {} exited ({})", self.child_pid, describe_exit(exit));
+            log::info!(
+                "main child {} exited ({})",
+                self.child_pid,
+                describe_exit(exit)
+            );
             self.queue.push_back(Event::ChildExited(exit));
             self.process();
         }
@@ -400,10 +453,17 @@ impl Supervisor {
             crate::drain::Reason::Drained => log::info!(
                 "drained: {} process(es) finished in {}",
                 self.ledger.completed(),
-                checks::fmt_ms(t.finished_at.unwrap_or_default().saturating_sub(t.t0.unwrap_or_default()))
+                checks::fmt_ms(
+                    t.finished_at
+                        .unwrap_or_default()
+                        .saturating_sub(t.t0.unwrap_or_default())
+                )
             ),
             crate::drain::Reason::Abandoned => {
-                log::warn!("abandoned: {} process(es) had to be killed", self.ledger.abandoned().len())
+                log::warn!(
+                    "abandoned: {} process(es) had to be killed",
+                    self.ledger.abandoned().len()
+                )
             }
             _ => {}
         }

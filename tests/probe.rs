@@ -50,20 +50,32 @@ impl Reply {
         let text = String::from_utf8_lossy(raw);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let mut lines = head.split("\r\n");
-        let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
         let headers = lines
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
-        Reply { status, headers, body: body.to_string() }
+        Reply {
+            status,
+            headers,
+            body: body.to_string(),
+        }
     }
 
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("body {:?} is not JSON: {e}", self.body))
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body {:?} is not JSON: {e}", self.body))
     }
 }
 
@@ -87,7 +99,11 @@ fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// A loopback port nobody listens on right now.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local_addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind 127.0.0.1:0")
+        .local_addr()
+        .expect("local_addr")
+        .port()
 }
 
 // ---------------------------------------------------------------------------------
@@ -95,7 +111,10 @@ fn free_port() -> u16 {
 
 /// Runs `f` on a single-threaded runtime inside a `LocalSet`, as drainit does.
 fn local<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     tokio::task::LocalSet::new().block_on(&rt, f)
 }
 
@@ -108,12 +127,17 @@ struct Server {
 
 impl Server {
     fn start(specs: Vec<Check>) -> Server {
-        let listener = probe::bind("127.0.0.1:0".parse().expect("addr")).expect("bind the probe socket");
+        let listener =
+            probe::bind("127.0.0.1:0".parse().expect("addr")).expect("bind the probe socket");
         let addr = listener.local_addr().expect("local_addr");
         let (state, state_rx) = watch::channel(Published::new());
         let checks = Checks::new(specs, Rc::new(RefCell::new(Reaper::new())));
         tokio::task::spawn_local(probe::serve(listener, state_rx, checks.clone()));
-        Server { addr, state, checks }
+        Server {
+            addr,
+            state,
+            checks,
+        }
     }
 
     fn set(&self, f: impl FnOnce(&mut Published)) {
@@ -126,8 +150,12 @@ impl Server {
 
     /// Sends `raw` on a fresh connection and reads until the server closes it.
     async fn raw(&self, raw: &str) -> Reply {
-        let mut s = tokio::net::TcpStream::connect(self.addr).await.expect("connect to the probe server");
-        s.write_all(raw.as_bytes()).await.expect("write the request");
+        let mut s = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect to the probe server");
+        s.write_all(raw.as_bytes())
+            .await
+            .expect("write the request");
         let mut buf = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
             .await
@@ -142,13 +170,20 @@ impl Server {
 }
 
 fn check(name: &str, kind: CheckKind, timeout_ms: u64) -> Check {
-    Check { name: name.into(), kind, timeout: Duration::from_millis(timeout_ms) }
+    Check {
+        name: name.into(),
+        kind,
+        timeout: Duration::from_millis(timeout_ms),
+    }
 }
 
 fn assert_probe_headers(r: &Reply) {
     assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
     assert_eq!(r.header("cache-control"), Some("no-store"), "{r:?}");
-    assert!(r.header("location").is_none() && !(300..400).contains(&r.status), "never a redirect: {r:?}");
+    assert!(
+        r.header("location").is_none() && !(300..400).contains(&r.status),
+        "never a redirect: {r:?}"
+    );
 }
 
 #[test]
@@ -168,7 +203,11 @@ fn every_route_and_status() {
         ] {
             s.phase(phase);
             let r = s.get("/readyz").await;
-            assert_eq!((r.status, r.json()), (code, json!({ "status": word })), "phase {phase:?}");
+            assert_eq!(
+                (r.status, r.json()),
+                (code, json!({ "status": word })),
+                "phase {phase:?}"
+            );
             assert_probe_headers(&r);
             // /healthz never fails because of a drain.
             assert_eq!(s.get("/healthz").await.status, 200, "phase {phase:?}");
@@ -187,7 +226,11 @@ fn every_route_and_status() {
             assert_probe_headers(&r);
         }
         for method in ["POST", "PUT", "DELETE", "OPTIONS", "PATCH"] {
-            let r = s.raw(&format!("{method} /readyz HTTP/1.1\r\nHost: p\r\nContent-Length: 0\r\n\r\n")).await;
+            let r = s
+                .raw(&format!(
+                    "{method} /readyz HTTP/1.1\r\nHost: p\r\nContent-Length: 0\r\n\r\n"
+                ))
+                .await;
             assert_eq!(r.status, 405, "{method}");
             assert_eq!(r.header("allow"), Some("GET, HEAD"), "{method}");
             assert_probe_headers(&r);
@@ -196,7 +239,10 @@ fn every_route_and_status() {
         // HEAD: the headers of GET, no body.
         let r = s.raw("HEAD /healthz HTTP/1.1\r\nHost: p\r\n\r\n").await;
         assert_eq!((r.status, r.body.as_str()), (200, ""));
-        assert_eq!(r.header("content-length"), Some(r#"{"status":"ok"}"#.len().to_string().as_str()));
+        assert_eq!(
+            r.header("content-length"),
+            Some(r#"{"status":"ok"}"#.len().to_string().as_str())
+        );
         assert_probe_headers(&r);
         s.phase(Phase::Draining);
         let r = s.raw("HEAD /readyz HTTP/1.1\r\nHost: p\r\n\r\n").await;
@@ -217,7 +263,13 @@ fn app_status_stopping_and_watchdog_show() {
             p.status_text = Some("serving 3 workers".into());
         });
         let r = s.get("/readyz").await;
-        assert_eq!((r.status, r.json()), (200, json!({"status": "ready", "app_status": "serving 3 workers"})));
+        assert_eq!(
+            (r.status, r.json()),
+            (
+                200,
+                json!({"status": "ready", "app_status": "serving 3 workers"})
+            )
+        );
 
         s.set(|p| p.app_stopping = true);
         let r = s.get("/readyz").await;
@@ -226,7 +278,13 @@ fn app_status_stopping_and_watchdog_show() {
 
         s.set(|p| p.watchdog_ok = false);
         let r = s.get("/healthz").await;
-        assert_eq!((r.status, r.json()), (503, json!({"status": "unhealthy", "detail": "watchdog expired"})));
+        assert_eq!(
+            (r.status, r.json()),
+            (
+                503,
+                json!({"status": "unhealthy", "detail": "watchdog expired"})
+            )
+        );
         assert_probe_headers(&r);
     });
 }
@@ -236,10 +294,15 @@ fn degraded_shows_each_check() {
     local(async {
         let up = TcpListener::bind("127.0.0.1:0").expect("bind");
         let up_addr = up.local_addr().expect("addr").to_string();
-        let missing = std::env::temp_dir().join(format!("drainit-probe-missing-{}", std::process::id()));
+        let missing =
+            std::env::temp_dir().join(format!("drainit-probe-missing-{}", std::process::id()));
         let s = Server::start(vec![
             check("db", CheckKind::Tcp(up_addr), 500),
-            check("cache", CheckKind::Tcp(format!("127.0.0.1:{}", free_port())), 500),
+            check(
+                "cache",
+                CheckKind::Tcp(format!("127.0.0.1:{}", free_port())),
+                500,
+            ),
             check("flag", CheckKind::File(missing), 500),
         ]);
         // Starting: no evaluation yet, no breakdown.
@@ -272,27 +335,50 @@ fn degraded_shows_each_check() {
 fn all_checks_passing_is_ready_with_breakdown() {
     local(async {
         let up = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let s = Server::start(vec![check("db", CheckKind::Tcp(up.local_addr().expect("addr").to_string()), 500)]);
+        let s = Server::start(vec![check(
+            "db",
+            CheckKind::Tcp(up.local_addr().expect("addr").to_string()),
+            500,
+        )]);
         s.phase(Phase::Ready);
         let r = s.get("/readyz").await;
-        assert_eq!((r.status, r.json()), (200, json!({"status": "ready", "checks": {"db": {"ok": true}}})));
+        assert_eq!(
+            (r.status, r.json()),
+            (
+                200,
+                json!({"status": "ready", "checks": {"db": {"ok": true}}})
+            )
+        );
     });
 }
 
 #[test]
 fn a_hanging_exec_check_answers_within_its_timeout() {
     local(async {
-        let s = Server::start(vec![check("slow", CheckKind::Exec(vec!["sleep".into(), "10".into()]), 500)]);
+        let s = Server::start(vec![check(
+            "slow",
+            CheckKind::Exec(vec!["sleep".into(), "10".into()]),
+            500,
+        )]);
         s.phase(Phase::Ready);
         let started = Instant::now();
         let r = s.get("/readyz").await;
         let took = started.elapsed();
         assert_eq!(
             (r.status, r.json()),
-            (503, json!({"status": "degraded", "checks": {"slow": {"ok": false, "detail": "timed out after 500ms"}}}))
+            (
+                503,
+                json!({"status": "degraded", "checks": {"slow": {"ok": false, "detail": "timed out after 500ms"}}})
+            )
         );
-        assert!(took >= Duration::from_millis(495), "answered after {took:?}, before the check's timeout");
-        assert!(took <= Duration::from_millis(700), "answered after {took:?}, more than timeout + 200 ms");
+        assert!(
+            took >= Duration::from_millis(495),
+            "answered after {took:?}, before the check's timeout"
+        );
+        assert!(
+            took <= Duration::from_millis(700),
+            "answered after {took:?}, more than timeout + 200 ms"
+        );
         // /healthz is not held up by a running evaluation.
         let evaluation = tokio::task::spawn_local({
             let addr = s.addr;
@@ -306,7 +392,11 @@ fn a_hanging_exec_check_answers_within_its_timeout() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let started = Instant::now();
         assert_eq!(s.get("/healthz").await.status, 200);
-        assert!(started.elapsed() < Duration::from_millis(200), "/healthz took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(200),
+            "/healthz took {:?}",
+            started.elapsed()
+        );
         evaluation.await.expect("the /readyz client");
     });
 }
@@ -315,7 +405,11 @@ fn a_hanging_exec_check_answers_within_its_timeout() {
 fn concurrent_probes_share_one_evaluation() {
     local(async {
         // Each evaluation takes the whole 300 ms timeout (nothing reaps here).
-        let s = Server::start(vec![check("slow", CheckKind::Exec(vec!["sleep".into(), "10".into()]), 300)]);
+        let s = Server::start(vec![check(
+            "slow",
+            CheckKind::Exec(vec!["sleep".into(), "10".into()]),
+            300,
+        )]);
         s.phase(Phase::Ready);
         let s = Rc::new(s);
         let clients: Vec<_> = (0..40)
@@ -327,23 +421,36 @@ fn concurrent_probes_share_one_evaluation() {
         for c in clients {
             let r = c.await.expect("client task");
             assert_eq!(r.status, 503);
-            assert_eq!(r.json()["checks"]["slow"]["detail"], "timed out after 300ms");
+            assert_eq!(
+                r.json()["checks"]["slow"]["detail"],
+                "timed out after 300ms"
+            );
         }
         let runs = s.checks.runs();
-        assert!((1..=3).contains(&runs), "40 concurrent /readyz ran the checks {runs} times");
+        assert!(
+            (1..=3).contains(&runs),
+            "40 concurrent /readyz ran the checks {runs} times"
+        );
     });
 }
 
 /// A one-shot HTTP server that answers every request with `status`.
 async fn http_app(status: u16) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = l.local_addr().expect("addr");
     tokio::task::spawn_local(async move {
         while let Ok((mut c, _)) = l.accept().await {
             let mut buf = [0u8; 2048];
             let _ = c.read(&mut buf).await;
             let _ = c
-                .write_all(format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                .write_all(
+                    format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
                 .await;
         }
     });
@@ -357,8 +464,16 @@ fn a_url_with_credentials_never_appears_in_a_body() {
         let fine = http_app(204).await;
         let secret_url = |addr: String| format!("http://admin:hunter2@{addr}/health?token=s3cret");
         let s = Server::start(vec![
-            check("http-1", CheckKind::Http(secret_url(format!("127.0.0.1:{}", free_port()))), 500),
-            check("http-2", CheckKind::Http(secret_url(failing.to_string())), 500),
+            check(
+                "http-1",
+                CheckKind::Http(secret_url(format!("127.0.0.1:{}", free_port()))),
+                500,
+            ),
+            check(
+                "http-2",
+                CheckKind::Http(secret_url(failing.to_string())),
+                500,
+            ),
             check("http-3", CheckKind::Http(secret_url(fine.to_string())), 500),
         ]);
         s.phase(Phase::Ready);
@@ -372,7 +487,11 @@ fn a_url_with_credentials_never_appears_in_a_body() {
             }})
         );
         for secret in ["hunter2", "admin", "s3cret", "token", "127.0.0.1", "health"] {
-            assert!(!r.body.contains(secret), "{secret:?} leaked into {}", r.body);
+            assert!(
+                !r.body.contains(secret),
+                "{secret:?} leaked into {}",
+                r.body
+            );
         }
     });
 }
@@ -381,8 +500,12 @@ fn a_url_with_credentials_never_appears_in_a_body() {
 async fn stalled_clients(addr: SocketAddr, n: usize) -> Vec<(tokio::net::TcpStream, Instant)> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect a slow client");
-        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: sl").await.expect("write half a head");
+        let mut c = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect a slow client");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: sl")
+            .await
+            .expect("write half a head");
         v.push((c, Instant::now()));
     }
     v
@@ -395,7 +518,10 @@ async fn healthz_is_prompt(s: &Server, with: &str) {
         let r = s.get("/healthz").await;
         let took = started.elapsed();
         assert_eq!(r.status, 200, "with {with}");
-        assert!(took < Duration::from_millis(200), "/healthz took {took:?} with {with}");
+        assert!(
+            took < Duration::from_millis(200),
+            "/healthz took {took:?} with {with}"
+        );
     }
 }
 
@@ -411,9 +537,16 @@ fn slow_clients_do_not_delay_healthz() {
         // The header read timeout closes a stalled client, not sooner.
         let (mut first, connected) = slow.remove(0);
         let mut buf = [0u8; 256];
-        let read = tokio::time::timeout(probe::HEADER_READ_TIMEOUT + Duration::from_secs(2), first.read(&mut buf)).await;
+        let read = tokio::time::timeout(
+            probe::HEADER_READ_TIMEOUT + Duration::from_secs(2),
+            first.read(&mut buf),
+        )
+        .await;
         let after = connected.elapsed();
-        assert!(read.is_ok(), "a stalled client was still open after {after:?}");
+        assert!(
+            read.is_ok(),
+            "a stalled client was still open after {after:?}"
+        );
         assert!(
             after >= probe::HEADER_READ_TIMEOUT - Duration::from_millis(50),
             "a stalled client was closed after {after:?}, before the header read timeout"
@@ -477,9 +610,10 @@ impl Running {
     /// Starts drainit with `args` (flags, `--`, command), stderr to `scratch/stderr`.
     fn start(scratch: &Scratch, args: &[&str], env: &[(&str, &str)]) -> Running {
         let stderr = scratch.path("stderr");
-        let probe = args.iter().position(|a| *a == "--probe-addr").and_then(|i| {
-            args.get(i + 1)?.rsplit_once(':')?.1.parse().ok()
-        });
+        let probe = args
+            .iter()
+            .position(|a| *a == "--probe-addr")
+            .and_then(|i| args.get(i + 1)?.rsplit_once(':')?.1.parse().ok());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_drainit"));
         cmd.args(args)
             .stdin(Stdio::null())
@@ -492,7 +626,11 @@ impl Running {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start drainit");
-        Running { child, stderr, probe }
+        Running {
+            child,
+            stderr,
+            probe,
+        }
     }
 
     fn pid(&self) -> i32 {
@@ -516,18 +654,29 @@ impl Running {
     }
 
     /// Polls `path` until `want` holds for an answer; panics with the last answer.
-    fn wait_for(&self, path: &str, within: Duration, what: &str, want: impl Fn(u16, &Value) -> bool) -> Value {
+    fn wait_for(
+        &self,
+        path: &str,
+        within: Duration,
+        what: &str,
+        want: impl Fn(u16, &Value) -> bool,
+    ) -> Value {
         let mut last = None;
         let ok = wait_until(within, || {
             last = self.get(path);
             last.as_ref().is_some_and(|(c, b)| want(*c, b))
         });
-        assert!(ok, "{what}: {path} answered {last:?} within {within:?}\nstderr:\n{}", self.stderr());
+        assert!(
+            ok,
+            "{what}: {path} answered {last:?} within {within:?}\nstderr:\n{}",
+            self.stderr()
+        );
         last.expect("an answer").1
     }
 
     fn signal(&self, sig: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("signal drainit");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)
+            .expect("signal drainit");
     }
 
     /// Waits for drainit to exit.
@@ -537,7 +686,12 @@ impl Running {
             status = self.child.try_wait().expect("try_wait");
             status.is_some()
         });
-        status.unwrap_or_else(|| panic!("drainit still running after {within:?}\nstderr:\n{}", self.stderr()))
+        status.unwrap_or_else(|| {
+            panic!(
+                "drainit still running after {within:?}\nstderr:\n{}",
+                self.stderr()
+            )
+        })
     }
 }
 
@@ -556,18 +710,33 @@ impl Drop for Running {
 
 /// `--probe-addr 127.0.0.1:<free>` plus short drain durations.
 fn base_flags(probe: u16) -> Vec<String> {
-    ["--probe-addr", &format!("127.0.0.1:{probe}"), "--pre-drain-delay", "100ms", "--drain-timeout", "1s"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--probe-addr",
+        &format!("127.0.0.1:{probe}"),
+        "--pre-drain-delay",
+        "100ms",
+        "--drain-timeout",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn args<'a>(flags: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
-    flags.iter().map(String::as_str).chain(more.iter().copied()).collect()
+    flags
+        .iter()
+        .map(String::as_str)
+        .chain(more.iter().copied())
+        .collect()
 }
 
 fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() { "/usr/bin/python3" } else { "python3" }
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
 }
 
 #[test]
@@ -579,14 +748,28 @@ fn explicit_probe_port_in_use_exits_78_before_the_child() {
     let script = format!("touch {}", marker.display());
     let mut d = Running::start(
         &scratch,
-        &["--probe-addr", &format!("127.0.0.1:{port}"), "--", "sh", "-c", &script],
+        &[
+            "--probe-addr",
+            &format!("127.0.0.1:{port}"),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
         &[],
     );
     let status = d.exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(78), "stderr:\n{}", d.stderr());
-    assert!(d.stderr().contains("address in use"), "stderr:\n{}", d.stderr());
+    assert!(
+        d.stderr().contains("address in use"),
+        "stderr:\n{}",
+        d.stderr()
+    );
     // Had a child been started, it would have touched the file by now.
-    assert!(!wait_until(Duration::from_millis(300), || marker.exists()), "the child ran");
+    assert!(
+        !wait_until(Duration::from_millis(300), || marker.exists()),
+        "the child ran"
+    );
 }
 
 #[test]
@@ -599,11 +782,28 @@ fn default_probe_port_taken_warns_and_runs() {
     let script = format!("touch {}; exec sleep 30", marker.display());
     let mut d = Running::start(
         &scratch,
-        &["--pre-drain-delay", "0s", "--drain-timeout", "2s", "--", "sh", "-c", &script],
+        &[
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
         &[],
     );
-    assert!(wait_until(Duration::from_secs(5), || marker.exists()), "the child did not run\n{}", d.stderr());
-    assert!(d.stderr().contains("running without probes"), "no warning:\n{}", d.stderr());
+    assert!(
+        wait_until(Duration::from_secs(5), || marker.exists()),
+        "the child did not run\n{}",
+        d.stderr()
+    );
+    assert!(
+        d.stderr().contains("running without probes"),
+        "no warning:\n{}",
+        d.stderr()
+    );
     d.signal(nix::sys::signal::Signal::SIGTERM);
     let status = d.exit(Duration::from_secs(5));
     assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
@@ -649,26 +849,37 @@ fn real_app_starting_ready_degraded() {
     let b = d.wait_for("/readyz", Duration::from_secs(10), "starting", |c, b| {
         c == 503 && status_of(b) == "starting" && b["checks"]["tcp-1"]["ok"] == true
     });
-    assert_eq!(b["checks"]["tcp-2"], json!({"ok": false, "detail": "connection refused"}));
+    assert_eq!(
+        b["checks"]["tcp-2"],
+        json!({"ok": false, "detail": "connection refused"})
+    );
     assert_eq!(d.get("/healthz"), Some((200, json!({"status": "ok"}))));
 
     // Ready once the dependency listens.
     let dep_listener = TcpListener::bind(&dep_addr).expect("bind the dependency port");
     let b = d.wait_for("/readyz", Duration::from_secs(5), "ready", |c, _| c == 200);
-    assert_eq!(b, json!({"status": "ready", "checks": {"tcp-1": {"ok": true}, "tcp-2": {"ok": true}}}));
+    assert_eq!(
+        b,
+        json!({"status": "ready", "checks": {"tcp-1": {"ok": true}, "tcp-2": {"ok": true}}})
+    );
 
     // Degraded, on the very next probe, when the dependency closes.
     drop(dep_listener);
     let (code, b) = d.get("/readyz").expect("an answer");
     assert_eq!(
         (code, b),
-        (503, json!({"status": "degraded", "checks": {"tcp-1": {"ok": true}, "tcp-2": {"ok": false, "detail": "connection refused"}}}))
+        (
+            503,
+            json!({"status": "degraded", "checks": {"tcp-1": {"ok": true}, "tcp-2": {"ok": false, "detail": "connection refused"}}})
+        )
     );
     assert_eq!(d.get("/healthz"), Some((200, json!({"status": "ok"}))));
 
     // And ready again when it is back.
     let _dep_listener = TcpListener::bind(&dep_addr).expect("bind the dependency port again");
-    d.wait_for("/readyz", Duration::from_secs(5), "ready again", |c, _| c == 200);
+    d.wait_for("/readyz", Duration::from_secs(5), "ready again", |c, _| {
+        c == 200
+    });
 }
 
 #[test]
@@ -678,13 +889,34 @@ fn exec_check_runs_through_the_reaper() {
     let flags = base_flags(probe);
     let flag_file = scratch.path("ok");
     let exec = format!("test -e {}", flag_file.display());
-    let d = Running::start(&scratch, &args(&flags, &["--ready-exec", &exec, "--ready-interval", "50ms", "--", "sleep", "30"]), &[]);
-    d.wait_for("/readyz", Duration::from_secs(5), "the exec check fails with its status", |c, b| {
-        c == 503 && b["checks"]["exec"] == json!({"ok": false, "detail": "exit status 1"})
-    });
+    let d = Running::start(
+        &scratch,
+        &args(
+            &flags,
+            &[
+                "--ready-exec",
+                &exec,
+                "--ready-interval",
+                "50ms",
+                "--",
+                "sleep",
+                "30",
+            ],
+        ),
+        &[],
+    );
+    d.wait_for(
+        "/readyz",
+        Duration::from_secs(5),
+        "the exec check fails with its status",
+        |c, b| c == 503 && b["checks"]["exec"] == json!({"ok": false, "detail": "exit status 1"}),
+    );
     std::fs::write(&flag_file, "").expect("create the flag file");
     let b = d.wait_for("/readyz", Duration::from_secs(5), "ready", |c, _| c == 200);
-    assert_eq!(b, json!({"status": "ready", "checks": {"exec": {"ok": true}}}));
+    assert_eq!(
+        b,
+        json!({"status": "ready", "checks": {"exec": {"ok": true}}})
+    );
 }
 
 /// A Python child speaking sd_notify: `send(msg)` handles the abstract `@` form.
@@ -718,13 +950,23 @@ fn send_from_test(addr: &str, msg: &str) {
         Some(name) => SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract name"),
         None => SocketAddr::from_pathname(addr).expect("path"),
     };
-    UnixDatagram::unbound().expect("socket").send_to_addr(msg.as_bytes(), &a).expect("send to the notify socket");
+    UnixDatagram::unbound()
+        .expect("socket")
+        .send_to_addr(msg.as_bytes(), &a)
+        .expect("send to the notify socket");
 }
 
 fn read_env(scratch: &Scratch) -> Vec<String> {
     let p = scratch.path("env");
-    assert!(wait_until(Duration::from_secs(10), || p.exists()), "the app did not start");
-    std::fs::read_to_string(p).expect("read env").lines().map(str::to_string).collect()
+    assert!(
+        wait_until(Duration::from_secs(10), || p.exists()),
+        "the app did not start"
+    );
+    std::fs::read_to_string(p)
+        .expect("read env")
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
@@ -744,26 +986,52 @@ wait_file("go3")
 send("STOPPING=1")
 "#,
     );
-    let d = Running::start(&scratch, &args(&flags, &["--ready-notify", "--", python(), "-c", &app]), &[]);
+    let d = Running::start(
+        &scratch,
+        &args(&flags, &["--ready-notify", "--", python(), "-c", &app]),
+        &[],
+    );
     let env = read_env(&scratch);
-    assert!(env[0].starts_with("@drainit-notify-"), "NOTIFY_SOCKET {:?} is not a private abstract socket", env[0]);
+    assert!(
+        env[0].starts_with("@drainit-notify-"),
+        "NOTIFY_SOCKET {:?} is not a private abstract socket",
+        env[0]
+    );
     assert_eq!(env[1], "-", "WATCHDOG_USEC is set without a watchdog");
 
-    let b = d.wait_for("/readyz", Duration::from_secs(5), "starting with STATUS", |_, b| b["app_status"] == "warming up");
+    let b = d.wait_for(
+        "/readyz",
+        Duration::from_secs(5),
+        "starting with STATUS",
+        |_, b| b["app_status"] == "warming up",
+    );
     assert_eq!(b, json!({"status": "starting", "app_status": "warming up"}));
 
     // A process outside the child's tree (this test, drainit's parent) is ignored.
     send_from_test(&env[0], "READY=1\nSTATUS=stranger");
     std::fs::write(scratch.path("go1"), "").expect("go1");
-    let b = d.wait_for("/readyz", Duration::from_secs(5), "the app's next STATUS", |_, b| b["app_status"] != "warming up");
-    assert_eq!(b, json!({"status": "starting", "app_status": "still starting"}), "the stranger's datagram counted");
+    let b = d.wait_for(
+        "/readyz",
+        Duration::from_secs(5),
+        "the app's next STATUS",
+        |_, b| b["app_status"] != "warming up",
+    );
+    assert_eq!(
+        b,
+        json!({"status": "starting", "app_status": "still starting"}),
+        "the stranger's datagram counted"
+    );
 
     std::fs::write(scratch.path("go2"), "").expect("go2");
-    let b = d.wait_for("/readyz", Duration::from_secs(5), "READY=1", |c, _| c == 200);
+    let b = d.wait_for("/readyz", Duration::from_secs(5), "READY=1", |c, _| {
+        c == 200
+    });
     assert_eq!(b, json!({"status": "ready", "app_status": "serving"}));
 
     std::fs::write(scratch.path("go3"), "").expect("go3");
-    let b = d.wait_for("/readyz", Duration::from_secs(5), "STOPPING=1", |c, _| c == 503);
+    let b = d.wait_for("/readyz", Duration::from_secs(5), "STOPPING=1", |c, _| {
+        c == 503
+    });
     assert_eq!(status_of(&b), "degraded");
     assert_eq!(d.get("/healthz"), Some((200, json!({"status": "ok"}))));
 }
@@ -778,16 +1046,37 @@ fn notify_and_checks_both_required() {
     let app = notify_app(&scratch, "send(\"READY=1\\nSTATUS=up\")\n");
     let d = Running::start(
         &scratch,
-        &args(&flags, &["--ready-notify", "--ready-file", &flag, "--ready-interval", "50ms", "--", python(), "-c", &app]),
+        &args(
+            &flags,
+            &[
+                "--ready-notify",
+                "--ready-file",
+                &flag,
+                "--ready-interval",
+                "50ms",
+                "--",
+                python(),
+                "-c",
+                &app,
+            ],
+        ),
         &[],
     );
     read_env(&scratch);
-    let b = d.wait_for("/readyz", Duration::from_secs(5), "READY=1 sent, file missing", |_, b| {
-        b["app_status"] == "up" && b["checks"]["file"]["ok"] == false
-    });
+    let b = d.wait_for(
+        "/readyz",
+        Duration::from_secs(5),
+        "READY=1 sent, file missing",
+        |_, b| b["app_status"] == "up" && b["checks"]["file"]["ok"] == false,
+    );
     assert_eq!(status_of(&b), "starting");
     std::fs::write(&flag_file, "").expect("create the flag file");
-    d.wait_for("/readyz", Duration::from_secs(5), "ready once both passed", |c, _| c == 200);
+    d.wait_for(
+        "/readyz",
+        Duration::from_secs(5),
+        "ready once both passed",
+        |c, _| c == 200,
+    );
 }
 
 #[test]
@@ -800,27 +1089,50 @@ fn notify_watchdog_drives_healthz() {
         &scratch,
         &format!(
             r#"
-send("READY=1\nWATCHDOG_USEC=300000")
+send("READY=1\nWATCHDOG_USEC=500000")
 while not os.path.exists({stop:?}):
     send("WATCHDOG=1")
     time.sleep(0.05)
 "#
         ),
     );
-    let d = Running::start(&scratch, &args(&flags, &["--ready-notify", "--", python(), "-c", &app]), &[]);
+    let d = Running::start(
+        &scratch,
+        &args(&flags, &["--ready-notify", "--", python(), "-c", &app]),
+        &[],
+    );
     read_env(&scratch);
     d.wait_for("/readyz", Duration::from_secs(5), "ready", |c, _| c == 200);
-    // Beating: /healthz stays 200 over several intervals.
+    // Beating: /healthz stays 200 over three intervals.
     let beating = Instant::now();
-    while beating.elapsed() < Duration::from_millis(900) {
-        assert_eq!(d.get("/healthz").map(|r| r.0), Some(200), "stderr:\n{}", d.stderr());
+    while beating.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(
+            d.get("/healthz").map(|r| r.0),
+            Some(200),
+            "stderr:\n{}",
+            d.stderr()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let stopped = Instant::now();
     std::fs::write(&stop, "").expect("stop beating");
-    let b = d.wait_for("/healthz", Duration::from_secs(3), "the watchdog expired", |c, _| c == 503);
-    assert!(stopped.elapsed() >= Duration::from_millis(200), "/healthz failed {:?} after the last beat", stopped.elapsed());
-    assert_eq!(b, json!({"status": "unhealthy", "detail": "watchdog expired"}));
+    let b = d.wait_for(
+        "/healthz",
+        Duration::from_secs(3),
+        "the watchdog expired",
+        |c, _| c == 503,
+    );
+    // The last beat came at most 50 ms before the stop file: the 500 ms interval
+    // runs out no sooner than 450 ms after it.
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(400),
+        "/healthz failed {:?} after the beats stopped, inside the interval",
+        stopped.elapsed()
+    );
+    assert_eq!(
+        b,
+        json!({"status": "unhealthy", "detail": "watchdog expired"})
+    );
     // Readiness is a separate matter.
     assert_eq!(d.get("/readyz").map(|r| r.0), Some(200));
 }
@@ -834,9 +1146,14 @@ struct FakeSystemd {
 impl FakeSystemd {
     fn bind(scratch: &Scratch) -> FakeSystemd {
         let path = scratch.path("systemd.sock");
-        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the fake systemd socket");
-        sock.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
-        FakeSystemd { sock, path: path.display().to_string() }
+        let sock =
+            std::os::unix::net::UnixDatagram::bind(&path).expect("bind the fake systemd socket");
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        FakeSystemd {
+            sock,
+            path: path.display().to_string(),
+        }
     }
 
     /// The first datagram, among those `seen` so far and those still to come, that
@@ -866,15 +1183,28 @@ fn systemd_gets_ready_stopping_and_relayed_messages() {
     let systemd = FakeSystemd::bind(&scratch);
     let probe = free_port();
     let flags = base_flags(probe);
-    let app = notify_app(&scratch, "send(\"READY=1\\nSTATUS=hello\")\nsend(\"WATCHDOG=1\")\n");
+    let app = notify_app(
+        &scratch,
+        "send(\"READY=1\\nSTATUS=hello\")\nsend(\"WATCHDOG=1\")\n",
+    );
     let mut d = Running::start(
         &scratch,
         &args(&flags, &["--ready-notify", "--", python(), "-c", &app]),
-        &[("NOTIFY_SOCKET", &systemd.path), ("WATCHDOG_USEC", "5000000")],
+        &[
+            ("NOTIFY_SOCKET", &systemd.path),
+            ("WATCHDOG_USEC", "5000000"),
+        ],
     );
     let env = read_env(&scratch);
-    assert!(env[0].starts_with("@drainit-notify-"), "the child got NOTIFY_SOCKET {:?}", env[0]);
-    assert_eq!(env[1], "5000000", "the child did not get systemd's watchdog interval");
+    assert!(
+        env[0].starts_with("@drainit-notify-"),
+        "the child got NOTIFY_SOCKET {:?}",
+        env[0]
+    );
+    assert_eq!(
+        env[1], "5000000",
+        "the child did not get systemd's watchdog interval"
+    );
     let mut seen = Vec::new();
     systemd.expect("READY=1", Duration::from_secs(5), &mut seen);
     systemd.expect("STATUS=hello", Duration::from_secs(5), &mut seen);
@@ -889,7 +1219,10 @@ fn systemd_gets_ready_stopping_and_relayed_messages() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no EXTEND_TIMEOUT_USEC with STOPPING=1: {msg:?}"));
     // At least pre-drain delay + drain timeout (100 ms + 1 s).
-    assert!(extend >= 1_100_000, "EXTEND_TIMEOUT_USEC={extend} does not cover the drain");
+    assert!(
+        extend >= 1_100_000,
+        "EXTEND_TIMEOUT_USEC={extend} does not cover the drain"
+    );
     let status = d.exit(Duration::from_secs(5));
     assert_eq!(status.code(), Some(0), "stderr:\n{}", d.stderr());
 }
@@ -901,11 +1234,17 @@ fn systemd_without_ready_notify_keeps_the_socket_from_the_child() {
     let probe = free_port();
     let flags = base_flags(probe);
     let env_file = scratch.path("env");
-    let script = format!("echo \"${{NOTIFY_SOCKET-unset}} ${{WATCHDOG_USEC-unset}}\" > {}; exec sleep 30", env_file.display());
+    let script = format!(
+        "echo \"${{NOTIFY_SOCKET-unset}} ${{WATCHDOG_USEC-unset}}\" > {}; exec sleep 30",
+        env_file.display()
+    );
     let _d = Running::start(
         &scratch,
         &args(&flags, &["--", "sh", "-c", &script]),
-        &[("NOTIFY_SOCKET", &systemd.path), ("WATCHDOG_USEC", "400000")],
+        &[
+            ("NOTIFY_SOCKET", &systemd.path),
+            ("WATCHDOG_USEC", "400000"),
+        ],
     );
     let mut seen = Vec::new();
     // Nothing configured: ready at the spawn.
@@ -914,5 +1253,9 @@ fn systemd_without_ready_notify_keeps_the_socket_from_the_child() {
     systemd.expect("WATCHDOG=1", Duration::from_secs(2), &mut seen);
     assert!(wait_until(Duration::from_secs(5), || env_file.exists()));
     let env = std::fs::read_to_string(&env_file).expect("read env");
-    assert_eq!(env.trim(), "unset unset", "drainit's own NOTIFY_SOCKET/WATCHDOG_USEC reached the child");
+    assert_eq!(
+        env.trim(),
+        "unset unset",
+        "drainit's own NOTIFY_SOCKET/WATCHDOG_USEC reached the child"
+    );
 }
