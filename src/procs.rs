@@ -56,7 +56,9 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
 
 /// Every process in this `/proc` (this PID namespace's view).
 pub fn all() -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     dir.filter_map(|e| {
         let e = e.ok()?;
         let name = e.file_name();
@@ -73,8 +75,54 @@ pub fn all() -> Vec<Proc> {
 /// The live descendants of `root` (zombies excluded, but searched through), leaving
 /// out the subtrees rooted at `exclude` (drainit's own helpers: exec checks and
 /// teardown steps).
+///
+/// Walks `/proc/PID/task/TID/children` from `root` down, so the cost follows the
+/// size of drainit's tree, not of the host's process table (drainit not PID 1 on a
+/// busy host); falls back to scanning all of `/proc` on kernels without
+/// `CONFIG_PROC_CHILDREN`.
 pub fn descendants(root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
-    descendants_in(all(), root, exclude)
+    walk(root, exclude).unwrap_or_else(|| descendants_in(all(), root, exclude))
+}
+
+/// The pids listed in `/proc/PID/task/*/children`; `None` when the kernel has no
+/// such file.
+fn children(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    let mut any = false;
+    for t in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+            any = true;
+            out.extend(
+                text.split_ascii_whitespace()
+                    .filter_map(|w| w.parse::<i32>().ok()),
+            );
+        }
+    }
+    any.then_some(out)
+}
+
+fn walk(root: i32, exclude: &HashSet<i32>) -> Option<Vec<Proc>> {
+    let mut stack = children(root)?;
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    while let Some(pid) = stack.pop() {
+        if exclude.contains(&pid) || !seen.insert(pid) {
+            continue;
+        }
+        // Gone since its parent was read: nothing to do for it.
+        let Some(p) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|t| parse_stat(&t))
+        else {
+            continue;
+        };
+        stack.extend(children(pid).unwrap_or_default());
+        if !p.zombie {
+            out.push(p);
+        }
+    }
+    Some(out)
 }
 
 /// [`descendants`] over a given table (for tests).
@@ -103,7 +151,9 @@ pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Ve
 
 /// The comm of one process, if it still exists.
 pub fn comm(pid: i32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_string())
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 #[cfg(test)]
@@ -114,30 +164,74 @@ mod tests {
     fn parses_stat_with_odd_comm() {
         let line = "1234 (a (b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100 18446744073709551615";
         let p = parse_stat(line).unwrap();
-        assert_eq!((p.pid, p.ppid, p.pgid, p.start, p.zombie), (1234, 1, 1234, 98765, false));
+        assert_eq!(
+            (p.pid, p.ppid, p.pgid, p.start, p.zombie),
+            (1234, 1, 1234, 98765, false)
+        );
         assert_eq!(p.comm, "a (b) c");
         let z = parse_stat("9 (sh) Z 1 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").unwrap();
         assert!(z.zombie);
     }
 
     fn p(pid: i32, ppid: i32, zombie: bool) -> Proc {
-        Proc { pid, ppid, pgid: pid, comm: format!("p{pid}"), start: 0, zombie }
+        Proc {
+            pid,
+            ppid,
+            pgid: pid,
+            comm: format!("p{pid}"),
+            start: 0,
+            zombie,
+        }
     }
 
     #[test]
     fn walks_the_tree_through_zombies_and_skips_excluded_subtrees() {
-        let table = vec![p(1, 0, false), p(10, 1, false), p(11, 10, true), p(12, 11, false), p(20, 1, false), p(21, 20, false), p(30, 5, false)];
-        let mut got: Vec<i32> = descendants_in(table.clone(), 1, &HashSet::new()).iter().map(|p| p.pid).collect();
+        let table = vec![
+            p(1, 0, false),
+            p(10, 1, false),
+            p(11, 10, true),
+            p(12, 11, false),
+            p(20, 1, false),
+            p(21, 20, false),
+            p(30, 5, false),
+        ];
+        let mut got: Vec<i32> = descendants_in(table.clone(), 1, &HashSet::new())
+            .iter()
+            .map(|p| p.pid)
+            .collect();
         got.sort();
         assert_eq!(got, vec![10, 12, 20, 21]);
-        let got: Vec<i32> = descendants_in(table, 1, &HashSet::from([20])).iter().map(|p| p.pid).collect();
+        let got: Vec<i32> = descendants_in(table, 1, &HashSet::from([20]))
+            .iter()
+            .map(|p| p.pid)
+            .collect();
         assert!(!got.contains(&20) && !got.contains(&21));
     }
 
     #[test]
     fn reads_this_process_tree() {
         let me = std::process::id() as i32;
-        let all = all();
-        assert!(all.iter().any(|p| p.pid == me));
+        assert!(all().iter().any(|p| p.pid == me));
+        // The walk and the full scan agree on a real tree.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let walked: Vec<i32> = descendants(me, &HashSet::new())
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let scanned: Vec<i32> = descendants_in(all(), me, &HashSet::new())
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let _ = child.kill();
+        assert!(
+            walked.contains(&pid) && scanned.contains(&pid),
+            "{walked:?} {scanned:?}"
+        );
+        #[allow(clippy::disallowed_methods)]
+        let _ = child.wait();
     }
 }
