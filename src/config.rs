@@ -137,7 +137,10 @@ pub struct Cli {
 pub enum ProbeAddr {
     Off,
     /// `explicit`: given by the user (a bind failure is then fatal, exit 78).
-    Listen { addr: SocketAddr, explicit: bool },
+    Listen {
+        addr: SocketAddr,
+        explicit: bool,
+    },
 }
 
 /// Who receives forwarded signals (`--forward-to`).
@@ -222,10 +225,16 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn usage(message: String) -> ConfigError {
-        ConfigError { code: EXIT_USAGE, message }
+        ConfigError {
+            code: EXIT_USAGE,
+            message,
+        }
     }
     fn config(message: String) -> ConfigError {
-        ConfigError { code: EXIT_CONFIG, message }
+        ConfigError {
+            code: EXIT_CONFIG,
+            message,
+        }
     }
 }
 
@@ -278,7 +287,12 @@ struct FileTeardown {
 enum Origin<'a> {
     Flag(&'static str),
     Env(String),
-    File { path: &'a str, text: &'a str, key: &'static str, span: std::ops::Range<usize> },
+    File {
+        path: &'a str,
+        text: &'a str,
+        key: &'static str,
+        span: std::ops::Range<usize>,
+    },
     Default,
 }
 
@@ -286,12 +300,24 @@ impl Origin<'_> {
     fn error(&self, msg: &str) -> ConfigError {
         match self {
             Origin::Flag(f) => ConfigError::usage(format!("invalid value for --{f}: {msg}")),
-            Origin::Env(v) => ConfigError::config(format!("invalid value in environment variable {v}: {msg}")),
-            Origin::File { path, text, key, span } => {
-                let (line, col) = line_col(text, span.start);
-                ConfigError::config(format!("{path}:{line}:{col}: invalid value for key `{key}`: {msg}"))
+            Origin::Env(v) => {
+                ConfigError::config(format!("invalid value in environment variable {v}: {msg}"))
             }
-            Origin::Default => ConfigError { code: 1, message: format!("built-in default is invalid: {msg}") },
+            Origin::File {
+                path,
+                text,
+                key,
+                span,
+            } => {
+                let (line, col) = line_col(text, span.start);
+                ConfigError::config(format!(
+                    "{path}:{line}:{col}: invalid value for key `{key}`: {msg}"
+                ))
+            }
+            Origin::Default => ConfigError {
+                code: 1,
+                message: format!("built-in default is invalid: {msg}"),
+            },
         }
     }
 }
@@ -313,7 +339,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(t).map_err(|e| format!("'{s}' is not a duration like 500ms, 5s or 1m ({e})"))
+    humantime::parse_duration(t)
+        .map_err(|e| format!("'{s}' is not a duration like 500ms, 5s or 1m ({e})"))
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -328,15 +355,16 @@ fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     if s.trim().eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    s.trim()
-        .parse::<SocketAddr>()
-        .map(Some)
-        .map_err(|_| format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')"))
+    s.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
+        format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')")
+    })
 }
 
 fn parse_tcp_target(s: &str) -> Result<String, String> {
     let t = s.trim();
-    let (host, port) = t.rsplit_once(':').ok_or_else(|| format!("'{s}' is not host:port"))?;
+    let (host, port) = t
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{s}' is not host:port"))?;
     if host.is_empty() {
         return Err(format!("'{s}' has no host"));
     }
@@ -377,7 +405,8 @@ pub fn redact_url(s: &str) -> String {
 }
 
 fn parse_words(s: &str) -> Result<Vec<String>, String> {
-    let words = shell_words::split(s).map_err(|e| format!("'{s}' is not valid shell words ({e})"))?;
+    let words =
+        shell_words::split(s).map_err(|e| format!("'{s}' is not valid shell words ({e})"))?;
     if words.is_empty() {
         return Err("the command is empty".into());
     }
@@ -459,7 +488,12 @@ impl Resolver<'_> {
     }
 
     fn file_origin(&self, key: &'static str, span: std::ops::Range<usize>) -> Origin<'_> {
-        Origin::File { path: &self.path, text: &self.text, key, span }
+        Origin::File {
+            path: &self.path,
+            text: &self.text,
+            key,
+            span,
+        }
     }
 
     /// A repeatable flag: the command line, else `DRAINIT_<FLAG>` split on commas,
@@ -470,7 +504,12 @@ impl Resolver<'_> {
         }
         let var = env_name(id);
         let v = self.env.get(&var)?;
-        let items: Vec<String> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        let items: Vec<String> = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
         Some((items, Origin::Env(var)))
     }
 }
@@ -527,7 +566,10 @@ pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigErr
                     EXIT_USAGE
                 }
             };
-            return Err(ConfigError { code, message: e.render().to_string() });
+            return Err(ConfigError {
+                code,
+                message: e.render().to_string(),
+            });
         }
     };
     let cli = Cli::from_arg_matches(&m).map_err(|e| ConfigError::usage(e.to_string()))?;
@@ -536,8 +578,12 @@ pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigErr
 
 fn read_file(path: &std::path::Path) -> Result<(FileConfig, String), ConfigError> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::config(format!("reading config file {shown} failed: {}", io_kind(&e))))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::config(format!(
+            "reading config file {shown} failed: {}",
+            io_kind(&e)
+        ))
+    })?;
     let file: FileConfig = toml::from_str(&text).map_err(|e| {
         let at = e.span().map(|s| {
             let (l, c) = line_col(&text, s.start);
@@ -570,7 +616,13 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     };
     let r = Resolver { m, env, path, text };
 
-    let probe = r.scalar("probe_addr", &cli.probe_addr, &file.probe_addr, "0.0.0.0:8079", parse_probe_addr)?;
+    let probe = r.scalar(
+        "probe_addr",
+        &cli.probe_addr,
+        &file.probe_addr,
+        "0.0.0.0:8079",
+        parse_probe_addr,
+    )?;
     let explicit = cli.probe_addr.is_some() || file.probe_addr.is_some();
     let probe_addr = match probe {
         None => ProbeAddr::Off,
@@ -590,25 +642,79 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     };
     let pre_drain_delay = match (&cli.pre_drain_delay, ms_env("PRE_DRAIN_DELAY_MS")?) {
         (None, Some(d)) => d,
-        _ => r.scalar("pre_drain_delay", &cli.pre_drain_delay, &file.pre_drain_delay, "5s", parse_duration)?,
+        _ => r.scalar(
+            "pre_drain_delay",
+            &cli.pre_drain_delay,
+            &file.pre_drain_delay,
+            "5s",
+            parse_duration,
+        )?,
     };
     let drain_timeout = match (&cli.drain_timeout, ms_env("DRAIN_TIMEOUT_MS")?) {
         (None, Some(d)) => d,
-        _ => r.scalar("drain_timeout", &cli.drain_timeout, &file.drain_timeout, "20s", parse_duration)?,
+        _ => r.scalar(
+            "drain_timeout",
+            &cli.drain_timeout,
+            &file.drain_timeout,
+            "20s",
+            parse_duration,
+        )?,
     };
-    let grace_period = r.scalar("grace_period", &cli.grace_period, &file.grace_period, "30s", parse_duration)?;
+    let grace_period = r.scalar(
+        "grace_period",
+        &cli.grace_period,
+        &file.grace_period,
+        "30s",
+        parse_duration,
+    )?;
     let strict_budget = match &cli.strict_budget {
-        Some(_) => r.scalar("strict_budget", &cli.strict_budget, &None, "false", parse_bool)?,
+        Some(_) => r.scalar(
+            "strict_budget",
+            &cli.strict_budget,
+            &None,
+            "false",
+            parse_bool,
+        )?,
         None => file.strict_budget.unwrap_or(false),
     };
     let ready_notify = match &cli.ready_notify {
-        Some(_) => r.scalar("ready_notify", &cli.ready_notify, &None, "false", parse_bool)?,
+        Some(_) => r.scalar(
+            "ready_notify",
+            &cli.ready_notify,
+            &None,
+            "false",
+            parse_bool,
+        )?,
         None => file.ready_notify.unwrap_or(false),
     };
-    let second_signal = r.scalar("second_signal", &cli.second_signal, &file.second_signal, "skip", parse_second)?;
-    let forward_to = r.scalar("forward_to", &cli.forward_to, &file.forward_to, "child", parse_forward)?;
-    let check_timeout = r.scalar("check_timeout", &cli.check_timeout, &file.check_timeout, "1s", parse_duration)?;
-    let ready_interval = r.scalar("ready_interval", &cli.ready_interval, &file.ready_interval, "100ms", parse_duration)?;
+    let second_signal = r.scalar(
+        "second_signal",
+        &cli.second_signal,
+        &file.second_signal,
+        "skip",
+        parse_second,
+    )?;
+    let forward_to = r.scalar(
+        "forward_to",
+        &cli.forward_to,
+        &file.forward_to,
+        "child",
+        parse_forward,
+    )?;
+    let check_timeout = r.scalar(
+        "check_timeout",
+        &cli.check_timeout,
+        &file.check_timeout,
+        "1s",
+        parse_duration,
+    )?;
+    let ready_interval = r.scalar(
+        "ready_interval",
+        &cli.ready_interval,
+        &file.ready_interval,
+        "100ms",
+        parse_duration,
+    )?;
     if ready_interval.is_zero() {
         return Err(match m.value_source("ready_interval") {
             Some(ValueSource::CommandLine) => Origin::Flag("ready-interval"),
@@ -616,10 +722,27 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         .error("must be greater than 0"));
     }
-    let teardown_timeout =
-        r.scalar("teardown_timeout", &cli.teardown_timeout, &file.teardown_timeout, "5s", parse_duration)?;
-    let log_format = r.scalar("log_format", &cli.log_format, &file.log_format, "text", parse_format)?;
-    let log_level = r.scalar("log_level", &cli.log_level, &file.log_level, "info", parse_level)?;
+    let teardown_timeout = r.scalar(
+        "teardown_timeout",
+        &cli.teardown_timeout,
+        &file.teardown_timeout,
+        "5s",
+        parse_duration,
+    )?;
+    let log_format = r.scalar(
+        "log_format",
+        &cli.log_format,
+        &file.log_format,
+        "text",
+        parse_format,
+    )?;
+    let log_level = r.scalar(
+        "log_level",
+        &cli.log_level,
+        &file.log_level,
+        "info",
+        parse_level,
+    )?;
     let report_file = cli
         .report_file
         .clone()
@@ -634,7 +757,11 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                       parse: &dyn Fn(&str) -> Result<Signal, String>|
      -> Result<Option<Vec<Signal>>, ConfigError> {
         if let Some((vals, origin)) = r.list(id, cli_vals) {
-            return vals.iter().map(|v| parse(v).map_err(|e| origin.error(&e))).collect::<Result<_, _>>().map(Some);
+            return vals
+                .iter()
+                .map(|v| parse(v).map_err(|e| origin.error(&e)))
+                .collect::<Result<_, _>>()
+                .map(Some);
         }
         match file_vals {
             Some(vals) => vals
@@ -645,17 +772,26 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             None => Ok(None),
         }
     };
-    let drain_signals = parse_list("drain_signal", &cli.drain_signal, &file.drain_signal, &|s| {
-        let sig = Signal::parse(s, false)?;
-        if sig.is_caught() && sig != Signal::CHLD {
-            Ok(sig)
-        } else {
-            Err(format!("{sig} cannot be a drain signal (it is never caught)"))
-        }
-    })?
+    let drain_signals = parse_list(
+        "drain_signal",
+        &cli.drain_signal,
+        &file.drain_signal,
+        &|s| {
+            let sig = Signal::parse(s, false)?;
+            if sig.is_caught() && sig != Signal::CHLD {
+                Ok(sig)
+            } else {
+                Err(format!(
+                    "{sig} cannot be a drain signal (it is never caught)"
+                ))
+            }
+        },
+    )?
     .unwrap_or_else(|| vec![Signal::TERM, Signal::INT, Signal::QUIT]);
     if drain_signals.is_empty() {
-        return Err(ConfigError::usage("--drain-signal: at least one signal is needed".into()));
+        return Err(ConfigError::usage(
+            "--drain-signal: at least one signal is needed".into(),
+        ));
     }
 
     let mut rewrite = RewriteMap::default();
@@ -668,8 +804,8 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         None => {
             for s in file.rewrite.iter().flatten() {
-                let (a, b) =
-                    RewriteMap::parse_pair(s.get_ref()).map_err(|e| r.file_origin("rewrite", s.span()).error(&e))?;
+                let (a, b) = RewriteMap::parse_pair(s.get_ref())
+                    .map_err(|e| r.file_origin("rewrite", s.span()).error(&e))?;
                 rewrite.insert(a, b);
             }
         }
@@ -685,30 +821,54 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     ];
     let mut any_cli = false;
     for (id, vals) in cli_checks {
-        let Some((vals, origin)) = r.list(id, vals) else { continue };
+        let Some((vals, origin)) = r.list(id, vals) else {
+            continue;
+        };
         any_cli = true;
         for (i, v) in vals.iter().enumerate() {
             let kind = match id {
                 "ready_tcp" => CheckKind::Tcp(parse_tcp_target(v).map_err(|e| origin.error(&e))?),
-                "ready_http" => CheckKind::Http(parse_http_target(v).map_err(|e| origin.error(&e))?),
+                "ready_http" => {
+                    CheckKind::Http(parse_http_target(v).map_err(|e| origin.error(&e))?)
+                }
                 "ready_exec" => CheckKind::Exec(parse_words(v).map_err(|e| origin.error(&e))?),
                 _ => CheckKind::File(PathBuf::from(v)),
             };
             let prefix = &id["ready_".len()..];
-            let name = if vals.len() == 1 { prefix.to_string() } else { format!("{prefix}-{}", i + 1) };
-            checks.push(Check { name, kind, timeout: check_timeout });
+            let name = if vals.len() == 1 {
+                prefix.to_string()
+            } else {
+                format!("{prefix}-{}", i + 1)
+            };
+            checks.push(Check {
+                name,
+                kind,
+                timeout: check_timeout,
+            });
         }
     }
     if !any_cli {
         for (i, c) in file.check.iter().enumerate() {
-            let at = |msg: String| ConfigError::config(format!("{}: [[check]] #{}: {msg}", r.path, i + 1));
+            let at = |msg: String| {
+                ConfigError::config(format!("{}: [[check]] #{}: {msg}", r.path, i + 1))
+            };
             let kinds: Vec<CheckKind> = [
-                c.tcp.as_deref().map(|v| parse_tcp_target(v).map(CheckKind::Tcp)),
-                c.http.as_deref().map(|v| parse_http_target(v).map(CheckKind::Http)),
+                c.tcp
+                    .as_deref()
+                    .map(|v| parse_tcp_target(v).map(CheckKind::Tcp)),
+                c.http
+                    .as_deref()
+                    .map(|v| parse_http_target(v).map(CheckKind::Http)),
                 c.exec.clone().map(|v| {
-                    if v.is_empty() { Err("exec is an empty command".into()) } else { Ok(CheckKind::Exec(v)) }
+                    if v.is_empty() {
+                        Err("exec is an empty command".into())
+                    } else {
+                        Ok(CheckKind::Exec(v))
+                    }
                 }),
-                c.file.as_deref().map(|v| Ok(CheckKind::File(PathBuf::from(v)))),
+                c.file
+                    .as_deref()
+                    .map(|v| Ok(CheckKind::File(PathBuf::from(v)))),
             ]
             .into_iter()
             .flatten()
@@ -718,17 +878,28 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                 return Err(at("needs exactly one of tcp, http, exec, file".into()));
             }
             let timeout = match &c.timeout {
-                Some(t) => parse_duration(t.get_ref()).map_err(|e| r.file_origin("timeout", t.span()).error(&e))?,
+                Some(t) => parse_duration(t.get_ref())
+                    .map_err(|e| r.file_origin("timeout", t.span()).error(&e))?,
                 None => check_timeout,
             };
             let name = c.name.clone().unwrap_or_else(|| format!("check-{}", i + 1));
-            checks.push(Check { name, kind: kinds.into_iter().next().expect("exactly one kind, checked above"), timeout });
+            checks.push(Check {
+                name,
+                kind: kinds
+                    .into_iter()
+                    .next()
+                    .expect("exactly one kind, checked above"),
+                timeout,
+            });
         }
     }
     let mut seen = std::collections::HashSet::new();
     for c in &checks {
         if !seen.insert(c.name.clone()) {
-            return Err(ConfigError::config(format!("two readiness checks are named '{}'", c.name)));
+            return Err(ConfigError::config(format!(
+                "two readiness checks are named '{}'",
+                c.name
+            )));
         }
     }
 
@@ -739,20 +910,33 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             for v in vals {
                 let argv = parse_words(&v).map_err(|e| origin.error(&e))?;
                 let name = step_name(&argv);
-                teardown.push(TeardownStep { name, argv, timeout: teardown_timeout });
+                teardown.push(TeardownStep {
+                    name,
+                    argv,
+                    timeout: teardown_timeout,
+                });
             }
         }
         None => {
             for (i, t) in file.teardown.iter().enumerate() {
                 if t.command.is_empty() {
-                    return Err(ConfigError::config(format!("{}: [[teardown]] #{}: command is empty", r.path, i + 1)));
+                    return Err(ConfigError::config(format!(
+                        "{}: [[teardown]] #{}: command is empty",
+                        r.path,
+                        i + 1
+                    )));
                 }
                 let timeout = match &t.timeout {
-                    Some(d) => parse_duration(d.get_ref()).map_err(|e| r.file_origin("timeout", d.span()).error(&e))?,
+                    Some(d) => parse_duration(d.get_ref())
+                        .map_err(|e| r.file_origin("timeout", d.span()).error(&e))?,
                     None => teardown_timeout,
                 };
                 let name = t.name.clone().unwrap_or_else(|| step_name(&t.command));
-                teardown.push(TeardownStep { name, argv: t.command.clone(), timeout });
+                teardown.push(TeardownStep {
+                    name,
+                    argv: t.command.clone(),
+                    timeout,
+                });
             }
         }
     }
@@ -784,7 +968,10 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         command: cli.command,
     };
     if config.strict_budget && !config.budget().fits() {
-        return Err(ConfigError::config(format!("the grace budget does not fit (--strict-budget): {}", config.budget())));
+        return Err(ConfigError::config(format!(
+            "the grace budget does not fit (--strict-budget): {}",
+            config.budget()
+        )));
     }
     Ok(config)
 }
@@ -830,7 +1017,14 @@ impl std::fmt::Display for Budget {
         let td: Duration = self.teardown.iter().sum();
         let mut steps = String::new();
         if self.teardown.len() > 1 {
-            steps = format!(" ({})", self.teardown.iter().map(|d| fmt_dur(*d)).collect::<Vec<_>>().join(" + "));
+            steps = format!(
+                " ({})",
+                self.teardown
+                    .iter()
+                    .map(|d| fmt_dur(*d))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            );
         }
         write!(
             f,
@@ -874,7 +1068,11 @@ impl Config {
         let _ = writeln!(s, "drain_timeout = {}", q(&fmt_dur(self.drain_timeout)));
         let _ = writeln!(s, "grace_period = {}", q(&fmt_dur(self.grace_period)));
         let _ = writeln!(s, "strict_budget = {}", self.strict_budget);
-        let sigs: Vec<String> = self.drain_signals.iter().map(|s| q(&s.to_string())).collect();
+        let sigs: Vec<String> = self
+            .drain_signals
+            .iter()
+            .map(|s| q(&s.to_string()))
+            .collect();
         let _ = writeln!(s, "drain_signal = [{}]", sigs.join(", "));
         let second = match self.second_signal {
             SecondSignal::Skip => "skip",
@@ -890,7 +1088,13 @@ impl Config {
             .rewrite
             .pairs()
             .into_iter()
-            .map(|(a, b)| if b.0 == 0 { q(&format!("{a}:0")) } else { q(&format!("{a}:{b}")) })
+            .map(|(a, b)| {
+                if b.0 == 0 {
+                    q(&format!("{a}:0"))
+                } else {
+                    q(&format!("{a}:{b}"))
+                }
+            })
             .collect();
         let _ = writeln!(s, "rewrite = [{}]", rw.join(", "));
         let _ = writeln!(s, "ready_notify = {}", self.ready_notify);
@@ -898,15 +1102,31 @@ impl Config {
         if let Some(p) = &self.report_file {
             let _ = writeln!(s, "report_file = {}", q(&p.display().to_string()));
         }
-        let _ = writeln!(s, "log_format = {}", q(if self.log_format == LogFormat::Json { "json" } else { "text" }));
-        let _ = writeln!(s, "log_level = {}", q(&self.log_level.to_string().to_lowercase()));
+        let _ = writeln!(
+            s,
+            "log_format = {}",
+            q(if self.log_format == LogFormat::Json {
+                "json"
+            } else {
+                "text"
+            })
+        );
+        let _ = writeln!(
+            s,
+            "log_level = {}",
+            q(&self.log_level.to_string().to_lowercase())
+        );
         for c in &self.checks {
             let _ = writeln!(s, "\n[[check]]\nname = {}", q(&c.name));
             let _ = match &c.kind {
                 CheckKind::Tcp(a) => writeln!(s, "tcp = {}", q(a)),
                 CheckKind::Http(u) => writeln!(s, "http = {}", q(&redact_url(u))),
                 CheckKind::Exec(v) => {
-                    writeln!(s, "exec = [{}]", v.iter().map(|w| q(w)).collect::<Vec<_>>().join(", "))
+                    writeln!(
+                        s,
+                        "exec = [{}]",
+                        v.iter().map(|w| q(w)).collect::<Vec<_>>().join(", ")
+                    )
                 }
                 CheckKind::File(p) => writeln!(s, "file = {}", q(&p.display().to_string())),
             };
@@ -914,7 +1134,11 @@ impl Config {
         }
         for t in &self.teardown {
             let _ = writeln!(s, "\n[[teardown]]\nname = {}", q(&t.name));
-            let _ = writeln!(s, "command = [{}]", t.argv.iter().map(|w| q(w)).collect::<Vec<_>>().join(", "));
+            let _ = writeln!(
+                s,
+                "command = [{}]",
+                t.argv.iter().map(|w| q(w)).collect::<Vec<_>>().join(", ")
+            );
             let _ = writeln!(s, "timeout = {}", q(&fmt_dur(t.timeout)));
         }
         let _ = writeln!(s, "\n# grace budget: {}", self.budget());
@@ -939,7 +1163,11 @@ mod tests {
         // tests that need those set use names no other test uses.
         let mut a: Vec<OsString> = vec!["drainit".into()];
         a.extend(args.iter().map(OsString::from));
-        let env = MapEnv(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let env = MapEnv(
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
         load_from(a, &env)
     }
 
@@ -949,8 +1177,17 @@ mod tests {
         assert_eq!(c.pre_drain_delay, Duration::from_secs(5));
         assert_eq!(c.drain_timeout, Duration::from_secs(20));
         assert_eq!(c.grace_period, Duration::from_secs(30));
-        assert_eq!(c.drain_signals, vec![Signal::TERM, Signal::INT, Signal::QUIT]);
-        assert_eq!(c.probe_addr, ProbeAddr::Listen { addr: "0.0.0.0:8079".parse().unwrap(), explicit: false });
+        assert_eq!(
+            c.drain_signals,
+            vec![Signal::TERM, Signal::INT, Signal::QUIT]
+        );
+        assert_eq!(
+            c.probe_addr,
+            ProbeAddr::Listen {
+                addr: "0.0.0.0:8079".parse().unwrap(),
+                explicit: false
+            }
+        );
         assert_eq!(c.forward_to, ForwardTo::Child);
         assert_eq!(c.command, vec![OsString::from("true")]);
         assert!(c.budget().fits());
@@ -959,7 +1196,10 @@ mod tests {
     #[test]
     fn command_without_double_dash_keeps_its_flags() {
         let c = load(&["--probe-addr", "off", "sh", "-c", "exit 3"], &[]).unwrap();
-        assert_eq!(c.command, vec![OsString::from("sh"), "-c".into(), "exit 3".into()]);
+        assert_eq!(
+            c.command,
+            vec![OsString::from("sh"), "-c".into(), "exit 3".into()]
+        );
         assert_eq!(c.probe_addr, ProbeAddr::Off);
     }
 
@@ -969,7 +1209,11 @@ mod tests {
         assert_eq!(e.code, 64);
         let e = load(&["--drain-timeout", "soon", "true"], &[]).unwrap_err();
         assert_eq!(e.code, 64);
-        assert!(e.message.contains("--drain-timeout") && e.message.contains("soon"), "{}", e.message);
+        assert!(
+            e.message.contains("--drain-timeout") && e.message.contains("soon"),
+            "{}",
+            e.message
+        );
         let e = load(&["--rewrite", "TERM", "true"], &[]).unwrap_err();
         assert!(e.message.contains("--rewrite"), "{}", e.message);
         let e = load(&[], &[]).unwrap_err();
@@ -985,18 +1229,34 @@ mod tests {
         assert_eq!(c.rewrite.apply(Signal::HUP), Some(Signal(libc::SIGUSR1)));
         let e = load(&["true"], &[("DRAINIT_DRAIN_SIGNAL", "TERM,NOPE")]).unwrap_err();
         assert_eq!(e.code, 78);
-        assert!(e.message.contains("DRAINIT_DRAIN_SIGNAL") && e.message.contains("NOPE"), "{}", e.message);
+        assert!(
+            e.message.contains("DRAINIT_DRAIN_SIGNAL") && e.message.contains("NOPE"),
+            "{}",
+            e.message
+        );
         // The flag wins over the environment.
-        let c = load(&["--drain-signal", "USR1", "true"], &[("DRAINIT_DRAIN_SIGNAL", "TERM")]).unwrap();
+        let c = load(
+            &["--drain-signal", "USR1", "true"],
+            &[("DRAINIT_DRAIN_SIGNAL", "TERM")],
+        )
+        .unwrap();
         assert_eq!(c.drain_signals, vec![Signal(libc::SIGUSR1)]);
     }
 
     #[test]
     fn plain_millisecond_variables() {
-        let c = load(&["true"], &[("PRE_DRAIN_DELAY_MS", "250"), ("DRAIN_TIMEOUT_MS", "1500")]).unwrap();
+        let c = load(
+            &["true"],
+            &[("PRE_DRAIN_DELAY_MS", "250"), ("DRAIN_TIMEOUT_MS", "1500")],
+        )
+        .unwrap();
         assert_eq!(c.pre_drain_delay, Duration::from_millis(250));
         assert_eq!(c.drain_timeout, Duration::from_millis(1500));
-        let c = load(&["--pre-drain-delay", "1s", "true"], &[("PRE_DRAIN_DELAY_MS", "250")]).unwrap();
+        let c = load(
+            &["--pre-drain-delay", "1s", "true"],
+            &[("PRE_DRAIN_DELAY_MS", "250")],
+        )
+        .unwrap();
         assert_eq!(c.pre_drain_delay, Duration::from_secs(1));
         let e = load(&["true"], &[("DRAIN_TIMEOUT_MS", "2s")]).unwrap_err();
         assert_eq!(e.code, 78);
@@ -1004,7 +1264,10 @@ mod tests {
     }
 
     fn write_file(name: &str, text: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("drainit-config-test-{}-{name}.toml", std::process::id()));
+        let p = std::env::temp_dir().join(format!(
+            "drainit-config-test-{}-{name}.toml",
+            std::process::id()
+        ));
         std::fs::write(&p, text).unwrap();
         p
     }
@@ -1015,7 +1278,17 @@ mod tests {
             "prec",
             "pre_drain_delay = \"2s\"\ndrain_timeout = \"7s\"\n\n[[check]]\nname = \"db\"\ntcp = \"127.0.0.1:5432\"\ntimeout = \"500ms\"\n\n[[teardown]]\nname = \"flush\"\ncommand = [\"sync\"]\ntimeout = \"2s\"\n",
         );
-        let c = load(&["--config", p.to_str().unwrap(), "--drain-timeout", "9s", "true"], &[]).unwrap();
+        let c = load(
+            &[
+                "--config",
+                p.to_str().unwrap(),
+                "--drain-timeout",
+                "9s",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(c.pre_drain_delay, Duration::from_secs(2));
         assert_eq!(c.drain_timeout, Duration::from_secs(9));
         assert_eq!(c.checks.len(), 1);
@@ -1028,14 +1301,25 @@ mod tests {
 
     #[test]
     fn file_errors_name_the_key_line_and_column() {
-        let p = write_file("bad", "pre_drain_delay = \"2s\"\ndrain_timeout = \"soon\"\n");
+        let p = write_file(
+            "bad",
+            "pre_drain_delay = \"2s\"\ndrain_timeout = \"soon\"\n",
+        );
         let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
-        assert!(e.message.contains(":2:17") && e.message.contains("drain_timeout"), "{}", e.message);
+        assert!(
+            e.message.contains(":2:17") && e.message.contains("drain_timeout"),
+            "{}",
+            e.message
+        );
         let p2 = write_file("unknown", "pre_drain_delay = \"2s\"\nfrobnicate = 1\n");
         let e = load(&["--config", p2.to_str().unwrap(), "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
-        assert!(e.message.contains("frobnicate") && e.message.contains(":2:1"), "{}", e.message);
+        assert!(
+            e.message.contains("frobnicate") && e.message.contains(":2:1"),
+            "{}",
+            e.message
+        );
         let e = load(&["--config", "/nonexistent/drainit.toml", "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
         let _ = std::fs::remove_file(p);
@@ -1044,8 +1328,18 @@ mod tests {
 
     #[test]
     fn strict_budget_refuses_what_does_not_fit() {
-        let e = load(&["--strict-budget", "--pre-drain-delay", "10s", "--drain-timeout", "20s", "true"], &[])
-            .unwrap_err();
+        let e = load(
+            &[
+                "--strict-budget",
+                "--pre-drain-delay",
+                "10s",
+                "--drain-timeout",
+                "20s",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap_err();
         assert_eq!(e.code, 78);
         assert!(e.message.contains("pre-drain delay 10s"), "{}", e.message);
         // 29 s + 1 s spare fits exactly.
@@ -1056,12 +1350,23 @@ mod tests {
     #[test]
     fn checks_from_flags() {
         let c = load(
-            &["--ready-tcp", "127.0.0.1:8080", "--ready-exec", "pg_isready -h 'a b'", "--check-timeout", "500ms", "true"],
+            &[
+                "--ready-tcp",
+                "127.0.0.1:8080",
+                "--ready-exec",
+                "pg_isready -h 'a b'",
+                "--check-timeout",
+                "500ms",
+                "true",
+            ],
             &[],
         )
         .unwrap();
         assert_eq!(c.checks[0].kind, CheckKind::Tcp("127.0.0.1:8080".into()));
-        assert_eq!(c.checks[1].kind, CheckKind::Exec(vec!["pg_isready".into(), "-h".into(), "a b".into()]));
+        assert_eq!(
+            c.checks[1].kind,
+            CheckKind::Exec(vec!["pg_isready".into(), "-h".into(), "a b".into()])
+        );
         assert_eq!(c.checks[1].timeout, Duration::from_millis(500));
         assert!(load(&["--ready-tcp", "localhost", "true"], &[]).is_err());
         let e = load(&["--ready-http", "https://u:secret@h/x", "true"], &[]).unwrap_err();

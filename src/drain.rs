@@ -273,7 +273,10 @@ impl Drain {
     /// Whether the driver should watch for [`Event::DescendantsGone`].
     pub fn waits_for_descendants(&self) -> bool {
         self.child_exit.is_some()
-            && matches!(self.wait, Wait::PreDrain | Wait::Descendants | Wait::KillSettle(_))
+            && matches!(
+                self.wait,
+                Wait::PreDrain | Wait::Descendants | Wait::KillSettle(_)
+            )
     }
 
     /// The next instant at which the driver must send [`Event::Tick`]; `None` when
@@ -333,7 +336,8 @@ impl Drain {
             }
             Event::TeardownExited { ok } => match self.wait {
                 Wait::Teardown(i, _) => {
-                    self.teardown.push(if ok { StepEnd::Ok } else { StepEnd::Failed });
+                    self.teardown
+                        .push(if ok { StepEnd::Ok } else { StepEnd::Failed });
                     self.next_teardown(now, i + 1, &mut out);
                 }
                 Wait::TeardownKilled(i) => {
@@ -362,8 +366,11 @@ impl Drain {
                 self.drain_signal = Some(s);
                 self.phase = Phase::Draining;
                 self.timeline.t0 = Some(now);
-                self.timeline.pre_drain_delay =
-                    if self.ever_ready { self.policy.pre_drain_delay } else { Duration::ZERO };
+                self.timeline.pre_drain_delay = if self.ever_ready {
+                    self.policy.pre_drain_delay
+                } else {
+                    Duration::ZERO
+                };
                 self.timeline.deadline =
                     Some(now + self.timeline.pre_drain_delay + self.policy.drain_timeout);
                 out.push(Action::SampleInFlight);
@@ -439,7 +446,9 @@ impl Drain {
     }
 
     fn on_tick(&mut self, now: At, out: &mut Vec<Action>) {
-        let Some(due) = self.next_deadline() else { return };
+        let Some(due) = self.next_deadline() else {
+            return;
+        };
         if now < due {
             return;
         }
@@ -506,20 +515,38 @@ impl Drain {
         let abandoned = self.abandoned > 0;
         if self.drain_signal.is_some() {
             return if abandoned {
-                Outcome { code: 2, reason: Reason::Abandoned }
+                Outcome {
+                    code: 2,
+                    reason: Reason::Abandoned,
+                }
             } else if teardown_failed {
-                Outcome { code: 2, reason: Reason::TeardownFailed }
+                Outcome {
+                    code: 2,
+                    reason: Reason::TeardownFailed,
+                }
             } else {
-                Outcome { code: 0, reason: Reason::Drained }
+                Outcome {
+                    code: 0,
+                    reason: Reason::Drained,
+                }
             };
         }
         let code = self.child_exit.map_or(1, ChildExit::code);
         if code == 0 && abandoned {
-            Outcome { code: 2, reason: Reason::Abandoned }
+            Outcome {
+                code: 2,
+                reason: Reason::Abandoned,
+            }
         } else if code == 0 && teardown_failed {
-            Outcome { code: 2, reason: Reason::TeardownFailed }
+            Outcome {
+                code: 2,
+                reason: Reason::TeardownFailed,
+            }
         } else {
-            Outcome { code, reason: Reason::ChildExited }
+            Outcome {
+                code,
+                reason: Reason::ChildExited,
+            }
         }
     }
 }
@@ -569,22 +596,53 @@ mod tests {
         // Beat 2: a tick before the delay does nothing.
         assert!(d.handle(ms(5999), Event::Tick).is_empty());
         // Beat 3: forward at T0 + delay; deadline T0 + delay + timeout.
-        assert_eq!(d.handle(ms(6000), Event::Tick), vec![Action::ForwardDrain(Signal::TERM)]);
+        assert_eq!(
+            d.handle(ms(6000), Event::Tick),
+            vec![Action::ForwardDrain(Signal::TERM)]
+        );
         assert_eq!(d.next_deadline(), Some(ms(26000)));
-        assert!(d.handle(ms(6500), Event::ChildExited(ChildExit::Signal(Signal::TERM))).iter().all(|a| matches!(a, Action::SignalRemaining(_))));
-        assert_eq!(d.phase(), Phase::Draining, "draining until every descendant is gone");
+        assert!(
+            d.handle(
+                ms(6500),
+                Event::ChildExited(ChildExit::Signal(Signal::TERM))
+            )
+            .iter()
+            .all(|a| matches!(a, Action::SignalRemaining(_)))
+        );
+        assert_eq!(
+            d.phase(),
+            Phase::Draining,
+            "draining until every descendant is gone"
+        );
         let a = d.handle(ms(6600), Event::DescendantsGone);
-        assert_eq!(exit_of(&a), Some(Outcome { code: 0, reason: Reason::Drained }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 0,
+                reason: Reason::Drained
+            })
+        );
         assert_eq!(d.phase(), Phase::Stopping);
         let t = d.timeline();
-        assert_eq!((t.t0, t.forwarded_at, t.finished_at, t.deadline), (Some(ms(1000)), Some(ms(6000)), Some(ms(6600)), Some(ms(26000))));
+        assert_eq!(
+            (t.t0, t.forwarded_at, t.finished_at, t.deadline),
+            (
+                Some(ms(1000)),
+                Some(ms(6000)),
+                Some(ms(6600)),
+                Some(ms(26000))
+            )
+        );
     }
 
     #[test]
     fn signal_before_ready_skips_the_delay() {
         let mut d = Drain::new(policy());
         let a = d.handle(ms(10), TERM);
-        assert_eq!(a, vec![Action::SampleInFlight, Action::ForwardDrain(Signal::TERM)]);
+        assert_eq!(
+            a,
+            vec![Action::SampleInFlight, Action::ForwardDrain(Signal::TERM)]
+        );
         assert_eq!(d.timeline().pre_drain_delay, Duration::ZERO);
         assert_eq!(d.next_deadline(), Some(ms(20010)));
     }
@@ -598,7 +656,10 @@ mod tests {
         assert!(a.is_empty());
         assert_eq!(d.phase(), Phase::Draining);
         assert_eq!(d.next_deadline(), Some(ms(5000)));
-        assert_eq!(d.handle(ms(5000), Event::Tick), vec![Action::SignalRemaining(Signal::TERM)]);
+        assert_eq!(
+            d.handle(ms(5000), Event::Tick),
+            vec![Action::SignalRemaining(Signal::TERM)]
+        );
         let a = d.handle(ms(5200), Event::DescendantsGone);
         assert_eq!(exit_of(&a).unwrap().code, 0);
     }
@@ -609,14 +670,23 @@ mod tests {
         d.handle(ms(0), TERM);
         d.handle(ms(1000), Event::ChildExited(ChildExit::Code(3)));
         let a = d.handle(ms(1000), Event::DescendantsGone);
-        assert_eq!(exit_of(&a), Some(Outcome { code: 0, reason: Reason::Drained }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 0,
+                reason: Reason::Drained
+            })
+        );
     }
 
     #[test]
     fn second_signal_in_beat_two_forwards_now() {
         let mut d = ready(policy());
         d.handle(ms(0), TERM);
-        assert_eq!(d.handle(ms(2000), TERM), vec![Action::ForwardDrain(Signal::TERM)]);
+        assert_eq!(
+            d.handle(ms(2000), TERM),
+            vec![Action::ForwardDrain(Signal::TERM)]
+        );
         // The deadline does not move.
         assert_eq!(d.next_deadline(), Some(ms(25000)));
         // A third signal changes nothing.
@@ -630,9 +700,18 @@ mod tests {
         d.handle(ms(5000), Event::Tick);
         assert_eq!(d.handle(ms(5500), TERM), vec![Action::KillAll]);
         assert!(d.handle(ms(5600), Event::Killed(1)).is_empty());
-        d.handle(ms(5601), Event::ChildExited(ChildExit::Signal(Signal::KILL)));
+        d.handle(
+            ms(5601),
+            Event::ChildExited(ChildExit::Signal(Signal::KILL)),
+        );
         let a = d.handle(ms(5602), Event::DescendantsGone);
-        assert_eq!(exit_of(&a), Some(Outcome { code: 2, reason: Reason::Abandoned }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::Abandoned
+            })
+        );
     }
 
     #[test]
@@ -669,7 +748,13 @@ mod tests {
         assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
         assert!(d.handle(ms(25000), Event::Killed(2)).is_empty());
         let a = d.handle(ms(25010), Event::DescendantsGone);
-        assert_eq!(exit_of(&a), Some(Outcome { code: 2, reason: Reason::Abandoned }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::Abandoned
+            })
+        );
     }
 
     #[test]
@@ -692,19 +777,45 @@ mod tests {
         d.handle(ms(5000), Event::Tick);
         d.handle(ms(5200), Event::ChildExited(ChildExit::Code(143)));
         let a = d.handle(ms(5200), Event::DescendantsGone);
-        assert_eq!(exit_of(&a), Some(Outcome { code: 0, reason: Reason::Drained }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 0,
+                reason: Reason::Drained
+            })
+        );
     }
 
     #[test]
     fn child_exits_by_itself_gives_its_code() {
-        for (exit, code) in [(ChildExit::Code(0), 0), (ChildExit::Code(7), 7), (ChildExit::Signal(Signal::KILL), 137)] {
+        for (exit, code) in [
+            (ChildExit::Code(0), 0),
+            (ChildExit::Code(7), 7),
+            (ChildExit::Signal(Signal::KILL), 137),
+        ] {
             let mut d = ready(policy());
             let a = d.handle(ms(100), Event::ChildExited(exit));
-            assert_eq!(a, vec![Action::SampleInFlight, Action::SignalRemaining(Signal::TERM)]);
+            assert_eq!(
+                a,
+                vec![
+                    Action::SampleInFlight,
+                    Action::SignalRemaining(Signal::TERM)
+                ]
+            );
             assert_eq!(d.phase(), Phase::Stopping);
-            assert_eq!(d.next_deadline(), Some(ms(20100)), "drain timeout from the exit, no delay");
+            assert_eq!(
+                d.next_deadline(),
+                Some(ms(20100)),
+                "drain timeout from the exit, no delay"
+            );
             let a = d.handle(ms(150), Event::DescendantsGone);
-            assert_eq!(exit_of(&a), Some(Outcome { code, reason: Reason::ChildExited }));
+            assert_eq!(
+                exit_of(&a),
+                Some(Outcome {
+                    code,
+                    reason: Reason::ChildExited
+                })
+            );
         }
     }
 
@@ -725,7 +836,11 @@ mod tests {
         let mut d = ready(policy());
         d.handle(ms(0), Event::ChildExited(ChildExit::Code(0)));
         assert_eq!(d.handle(ms(500), TERM), vec![Action::KillAll]);
-        assert_eq!(d.drain_signal(), None, "no drain: the exit code stays the child's");
+        assert_eq!(
+            d.drain_signal(),
+            None,
+            "no drain: the exit code stays the child's"
+        );
         d.handle(ms(500), Event::Killed(1));
         let a = d.handle(ms(501), Event::DescendantsGone);
         assert_eq!(exit_of(&a).unwrap().code, 2);
@@ -737,13 +852,29 @@ mod tests {
         p.rewrite.insert(Signal::HUP, Signal(libc::SIGUSR1));
         p.rewrite.insert(Signal(libc::SIGWINCH), Signal(0));
         let mut d = ready(p);
-        assert_eq!(d.handle(ms(0), Event::Signal(Signal::HUP)), vec![Action::Forward(Signal(libc::SIGUSR1))]);
-        assert!(d.handle(ms(0), Event::Signal(Signal(libc::SIGWINCH))).is_empty());
-        assert_eq!(d.handle(ms(0), Event::Signal(Signal::CONT)), vec![Action::Forward(Signal::CONT)]);
+        assert_eq!(
+            d.handle(ms(0), Event::Signal(Signal::HUP)),
+            vec![Action::Forward(Signal(libc::SIGUSR1))]
+        );
+        assert!(
+            d.handle(ms(0), Event::Signal(Signal(libc::SIGWINCH)))
+                .is_empty()
+        );
+        assert_eq!(
+            d.handle(ms(0), Event::Signal(Signal::CONT)),
+            vec![Action::Forward(Signal::CONT)]
+        );
         assert_eq!(d.phase(), Phase::Ready);
         d.handle(ms(0), TERM);
-        assert_eq!(d.handle(ms(10), Event::Signal(Signal::CONT)), vec![Action::Forward(Signal::CONT)]);
-        assert_eq!(d.next_deadline(), Some(ms(5000)), "CONT neither skips nor ends beat 2");
+        assert_eq!(
+            d.handle(ms(10), Event::Signal(Signal::CONT)),
+            vec![Action::Forward(Signal::CONT)]
+        );
+        assert_eq!(
+            d.next_deadline(),
+            Some(ms(5000)),
+            "CONT neither skips nor ends beat 2"
+        );
     }
 
     #[test]
@@ -752,7 +883,10 @@ mod tests {
         p.rewrite.insert(Signal::TERM, Signal::QUIT);
         let mut d = ready(p);
         d.handle(ms(0), TERM);
-        assert_eq!(d.handle(ms(5000), Event::Tick), vec![Action::ForwardDrain(Signal::QUIT)]);
+        assert_eq!(
+            d.handle(ms(5000), Event::Tick),
+            vec![Action::ForwardDrain(Signal::QUIT)]
+        );
         assert_eq!(d.drain_signal(), Some(Signal::TERM));
     }
 
@@ -762,7 +896,10 @@ mod tests {
         p.drain_signals = vec![Signal(libc::SIGUSR1)];
         let mut d = ready(p);
         assert_eq!(d.handle(ms(0), TERM), vec![Action::Forward(Signal::TERM)]);
-        assert_eq!(d.handle(ms(0), Event::Signal(Signal(libc::SIGUSR1))), vec![Action::SampleInFlight]);
+        assert_eq!(
+            d.handle(ms(0), Event::Signal(Signal(libc::SIGUSR1))),
+            vec![Action::SampleInFlight]
+        );
     }
 
     fn with_teardown(n: usize) -> Drain {
@@ -778,20 +915,41 @@ mod tests {
     #[test]
     fn teardown_runs_in_order_after_the_drain() {
         let mut d = with_teardown(2);
-        assert_eq!(d.handle(ms(5100), Event::DescendantsGone), vec![Action::StartTeardown(0)]);
+        assert_eq!(
+            d.handle(ms(5100), Event::DescendantsGone),
+            vec![Action::StartTeardown(0)]
+        );
         assert_eq!(d.phase(), Phase::Stopping);
-        assert_eq!(d.handle(ms(5200), Event::TeardownExited { ok: true }), vec![Action::StartTeardown(1)]);
+        assert_eq!(
+            d.handle(ms(5200), Event::TeardownExited { ok: true }),
+            vec![Action::StartTeardown(1)]
+        );
         let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
-        assert_eq!(exit_of(&a), Some(Outcome { code: 0, reason: Reason::Drained }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 0,
+                reason: Reason::Drained
+            })
+        );
     }
 
     #[test]
     fn teardown_failure_gives_two() {
         let mut d = with_teardown(2);
         d.handle(ms(5100), Event::DescendantsGone);
-        assert_eq!(d.handle(ms(5200), Event::TeardownExited { ok: false }), vec![Action::StartTeardown(1)]);
+        assert_eq!(
+            d.handle(ms(5200), Event::TeardownExited { ok: false }),
+            vec![Action::StartTeardown(1)]
+        );
         let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
-        assert_eq!(exit_of(&a), Some(Outcome { code: 2, reason: Reason::TeardownFailed }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::TeardownFailed
+            })
+        );
         assert_eq!(d.teardown(), &[StepEnd::Failed, StepEnd::Ok]);
     }
 
@@ -800,9 +958,18 @@ mod tests {
         let mut d = with_teardown(1);
         d.handle(ms(5100), Event::DescendantsGone);
         assert_eq!(d.next_deadline(), Some(ms(6100)));
-        assert_eq!(d.handle(ms(6100), Event::Tick), vec![Action::KillTeardown(0)]);
+        assert_eq!(
+            d.handle(ms(6100), Event::Tick),
+            vec![Action::KillTeardown(0)]
+        );
         let a = d.handle(ms(6110), Event::TeardownExited { ok: false });
-        assert_eq!(exit_of(&a), Some(Outcome { code: 2, reason: Reason::TeardownFailed }));
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::TeardownFailed
+            })
+        );
         assert_eq!(d.teardown(), &[StepEnd::TimedOut]);
     }
 
@@ -824,7 +991,10 @@ mod tests {
             p.teardown_timeouts = vec![ms(1000)];
             let mut d = ready(p);
             d.handle(ms(0), Event::ChildExited(ChildExit::Code(exit)));
-            assert_eq!(d.handle(ms(1), Event::DescendantsGone), vec![Action::StartTeardown(0)]);
+            assert_eq!(
+                d.handle(ms(1), Event::DescendantsGone),
+                vec![Action::StartTeardown(0)]
+            );
             let a = d.handle(ms(2), Event::TeardownExited { ok: false });
             assert_eq!(exit_of(&a).unwrap().code, code);
         }

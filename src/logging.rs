@@ -24,10 +24,15 @@ impl log::Log for Logger {
                 log::Level::Info => format!("drainit: {}\n", record.args()),
                 log::Level::Warn => format!("drainit: warning: {}\n", record.args()),
                 log::Level::Error => format!("drainit: error: {}\n", record.args()),
-                l => format!("drainit: {}: {}\n", l.as_str().to_lowercase(), record.args()),
+                l => format!(
+                    "drainit: {}: {}\n",
+                    l.as_str().to_lowercase(),
+                    record.args()
+                ),
             },
             LogFormat::Json => {
-                let msg = serde_json::to_string(&record.args().to_string()).unwrap_or_else(|_| "\"\"".into());
+                let msg = serde_json::to_string(&record.args().to_string())
+                    .unwrap_or_else(|_| "\"\"".into());
                 format!(
                     "{{\"drainit\":\"log\",\"level\":\"{}\",\"msg\":{msg}}}\n",
                     record.level().as_str().to_lowercase()

@@ -63,7 +63,12 @@ impl Ledger {
     /// Processes of the T0 set that are no longer alive count as ended (a
     /// grandchild reaped by its own parent is never seen by the reaper).
     pub fn settle(&mut self, still_alive: &HashSet<(i32, u64)>) {
-        let gone: Vec<i32> = self.in_flight.iter().filter(|id| !still_alive.contains(id)).map(|id| id.0).collect();
+        let gone: Vec<i32> = self
+            .in_flight
+            .iter()
+            .filter(|id| !still_alive.contains(id))
+            .map(|id| id.0)
+            .collect();
         for pid in gone {
             self.ended(pid);
         }
@@ -191,13 +196,20 @@ impl Report {
     /// The report of a run whose child was spawned.
     pub fn from_facts(f: Facts<'_>) -> Report {
         let body = drain_json(&f.timeline, f.ledger);
-        let (drain, stop) = if f.signal.is_some() { (Some(body), None) } else { (None, Some(body)) };
+        let (drain, stop) = if f.signal.is_some() {
+            (Some(body), None)
+        } else {
+            (None, Some(body))
+        };
         Report {
             drainit: "exit",
             exit_code: f.outcome.code,
             reason: f.outcome.reason.as_str(),
             signal: f.signal.map(|s| s.to_string()),
-            child: Some(ChildJson { pid: f.child_pid, exit: f.child_exit.map(Into::into) }),
+            child: Some(ChildJson {
+                pid: f.child_pid,
+                exit: f.child_exit.map(Into::into),
+            }),
             error: None,
             drain,
             stop,
@@ -226,7 +238,9 @@ impl Report {
 
     /// One line of JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| format!("{{\"drainit\":\"exit\",\"exit_code\":{}}}", self.exit_code))
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            format!("{{\"drainit\":\"exit\",\"exit_code\":{}}}", self.exit_code)
+        })
     }
 
     /// Writes the report: to `--report-file` (atomically) if given, then as the
@@ -252,8 +266,14 @@ impl Report {
 /// # Errors
 /// Creating, writing, syncing or renaming the temporary file failed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "report".into());
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "report".into());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -277,7 +297,10 @@ pub fn step_error(end: StepEnd, exit: Option<ChildExit>, timeout: Duration) -> O
             Some(ChildExit::Signal(s)) => format!("killed by {s}"),
             None => "could not be started".into(),
         }),
-        StepEnd::TimedOut => Some(format!("timed out after {}", humantime::format_duration(timeout))),
+        StepEnd::TimedOut => Some(format!(
+            "timed out after {}",
+            humantime::format_duration(timeout)
+        )),
         StepEnd::Cut => Some("killed by a second drain signal".into()),
         StepEnd::Skipped => Some("skipped".into()),
     }
@@ -296,18 +319,28 @@ mod tests {
         l.ended(11); // reaped after the kill: still abandoned, not completed
         l.ended(20); // spawned during the drain and reaped by drainit
         l.settle(&HashSet::new()); // 12 was reaped by its own parent
-        assert_eq!((l.in_flight(), l.completed(), l.abandoned().len()), (3, 3, 1));
+        assert_eq!(
+            (l.in_flight(), l.completed(), l.abandoned().len()),
+            (3, 3, 1)
+        );
     }
 
     #[test]
     fn exit_json_shapes() {
-        assert_eq!(serde_json::to_string(&ExitJson::Code(3)).unwrap(), r#"{"code":3}"#);
-        assert_eq!(serde_json::to_string(&ExitJson::from(ChildExit::Signal(Signal::KILL))).unwrap(), r#"{"signal":"SIGKILL"}"#);
+        assert_eq!(
+            serde_json::to_string(&ExitJson::Code(3)).unwrap(),
+            r#"{"code":3}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&ExitJson::from(ChildExit::Signal(Signal::KILL))).unwrap(),
+            r#"{"signal":"SIGKILL"}"#
+        );
     }
 
     #[test]
     fn atomic_write_replaces_the_file() {
-        let p = std::env::temp_dir().join(format!("drainit-report-test-{}.json", std::process::id()));
+        let p =
+            std::env::temp_dir().join(format!("drainit-report-test-{}.json", std::process::id()));
         write_atomic(&p, b"{\"a\":1}").unwrap();
         write_atomic(&p, b"{\"a\":2}").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":2}\n");

@@ -121,7 +121,13 @@ impl Signal {
             }
             let (sign, num) = rest.split_at(1);
             let k: i32 = num.parse().ok()?;
-            let n = if sign == "+" { base + k } else if sign == "-" { base - k } else { return None };
+            let n = if sign == "+" {
+                base + k
+            } else if sign == "-" {
+                base - k
+            } else {
+                return None;
+            };
             (Self::rtmin()..=Self::rtmax()).contains(&n).then_some(n)
         };
         let n = if let Some(rest) = name.strip_prefix("RTMIN") {
@@ -145,7 +151,6 @@ impl Signal {
             && !NEVER_CAUGHT.contains(&n)
             && (n < 32 || n >= Self::rtmin())
     }
-
 }
 
 impl fmt::Display for Signal {
@@ -249,7 +254,8 @@ pub fn block_caught() -> std::io::Result<InheritedMask> {
 fn register(sfd: SignalFd) -> std::io::Result<AsyncFd<SignalFd>> {
     // SAFETY: `SignalFd` owns its fd (an `OwnedFd`) until it is dropped, which only
     // happens with the `AsyncFd`, and `as_raw_fd` always returns that same fd.
-    unsafe { AsyncFd::register_with_interest(sfd, tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)
+    unsafe { AsyncFd::register_with_interest(sfd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
 }
 
 /// The stream of received signals, read from a signalfd registered with tokio.
@@ -271,8 +277,11 @@ impl SignalStream {
     /// # Errors
     /// `signalfd(2)` or the epoll registration failed.
     pub fn open() -> std::io::Result<SignalStream> {
-        let sfd = SignalFd::with_flags(&caught_set(), SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-            .map_err(std::io::Error::from)?;
+        let sfd = SignalFd::with_flags(
+            &caught_set(),
+            SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC,
+        )
+        .map_err(std::io::Error::from)?;
         Ok(SignalStream { fd: register(sfd)? })
     }
 
@@ -327,7 +336,11 @@ impl SignalStream {
 pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
     // SAFETY: kill(2) takes two integers and touches no memory of ours.
     let r = unsafe { libc::kill(pid, sig.0) };
-    if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 #[cfg(test)]
@@ -340,8 +353,14 @@ mod tests {
         assert_eq!(Signal::parse("SIGTERM", false), Ok(Signal::TERM));
         assert_eq!(Signal::parse("sigterm", false), Ok(Signal::TERM));
         assert_eq!(Signal::parse("15", false), Ok(Signal::TERM));
-        assert_eq!(Signal::parse("RTMIN+3", false), Ok(Signal(Signal::rtmin() + 3)));
-        assert_eq!(Signal::parse("SIGRTMAX", false), Ok(Signal(Signal::rtmax())));
+        assert_eq!(
+            Signal::parse("RTMIN+3", false),
+            Ok(Signal(Signal::rtmin() + 3))
+        );
+        assert_eq!(
+            Signal::parse("SIGRTMAX", false),
+            Ok(Signal(Signal::rtmax()))
+        );
         assert!(Signal::parse("0", false).is_err());
         assert_eq!(Signal::parse("0", true), Ok(Signal(0)));
         assert!(Signal::parse("TERMINATE", false).is_err());
@@ -362,13 +381,25 @@ mod tests {
 
     #[test]
     fn caught_table_matches_design() {
-        for n in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+        for n in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+        ] {
             assert!(!Signal(n).is_caught());
         }
         for n in [libc::SIGSYS, libc::SIGPIPE, libc::SIGKILL, libc::SIGSTOP] {
             assert!(!Signal(n).is_caught());
         }
-        for n in [libc::SIGTERM, libc::SIGHUP, libc::SIGABRT, libc::SIGWINCH, libc::SIGCONT] {
+        for n in [
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGABRT,
+            libc::SIGWINCH,
+            libc::SIGCONT,
+        ] {
             assert!(Signal(n).is_caught());
         }
         assert!(Signal(Signal::rtmin()).is_caught());

@@ -68,7 +68,10 @@ impl std::fmt::Display for SpawnError {
         match self {
             SpawnError::NotFound(c) => write!(f, "starting '{c}' failed: not found"),
             SpawnError::CannotExecute(c, _) => write!(f, "starting '{c}' failed: {}", self.kind()),
-            SpawnError::Nul(c) => write!(f, "starting '{c}' failed: an argument or variable contains a NUL byte"),
+            SpawnError::Nul(c) => write!(
+                f,
+                "starting '{c}' failed: an argument or variable contains a NUL byte"
+            ),
         }
     }
 }
@@ -117,10 +120,22 @@ pub fn owns_terminal() -> bool {
 /// # Errors
 /// [`SpawnError`] when the exec failed (the failed child was already waited for by
 /// std, in this same call, so the reaper never sees it).
-pub fn spawn_child(spec: &ChildSpec, mask: InheritedMask, take_terminal: bool) -> Result<i32, SpawnError> {
-    let shown = spec.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+pub fn spawn_child(
+    spec: &ChildSpec,
+    mask: InheritedMask,
+    take_terminal: bool,
+) -> Result<i32, SpawnError> {
+    let shown = spec
+        .argv
+        .first()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let cstr = |s: &[u8]| CString::new(s).map_err(|_| SpawnError::Nul(shown.clone()));
-    let argv: Vec<CString> = spec.argv.iter().map(|a| cstr(a.as_bytes())).collect::<Result<_, _>>()?;
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstr(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
     let mut envs: Vec<CString> = Vec::with_capacity(spec.env.len());
     for (k, v) in &spec.env {
         if spec.rewrite_listen_pid && k.as_bytes() == b"LISTEN_PID" {
@@ -134,7 +149,12 @@ pub fn spawn_child(spec: &ChildSpec, mask: InheritedMask, take_terminal: bool) -
     // The LISTEN_PID slot is filled in the child, without allocating.
     let mut listen_buf = vec![0u8; LISTEN_PID_LEN];
     listen_buf[..LISTEN_PID.len()].copy_from_slice(LISTEN_PID);
-    let argv_ptrs = CPtrs(argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
+    let argv_ptrs = CPtrs(
+        argv.iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect(),
+    );
     let mut envp_ptrs: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
     if spec.rewrite_listen_pid {
         envp_ptrs.push(listen_buf.as_ptr().cast());
@@ -182,7 +202,8 @@ pub fn spawn_child(spec: &ChildSpec, mask: InheritedMask, take_terminal: bool) -
             }
         }
         // The mask drainit inherited, replacing std's empty one.
-        pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&original_mask), None).map_err(io::Error::from)?;
+        pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&original_mask), None)
+            .map_err(io::Error::from)?;
         // SAFETY: both arrays are NUL-terminated arrays of pointers to NUL-terminated
         // strings, built before the fork and alive (owned by this closure's captures).
         #[allow(unsafe_code)]

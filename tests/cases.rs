@@ -34,12 +34,21 @@ fn app_cmd() -> String {
 }
 
 fn get(port: u16, path: &str, method: &str) -> (u16, String, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new(), String::new()) };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new(), String::new());
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
-    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
     (status, head.to_ascii_lowercase(), body.to_string())
 }
@@ -70,7 +79,10 @@ open(os.environ["TMP"] + "/zombies", "w").write("%d\n" % zombies())
 "#;
     let mut r = Running::start(Mode::Pid1, &[OFF, "--", python(), "-c", app]);
     assert_eq!(r.wait(secs(30)).0, 0);
-    assert_eq!(std::fs::read_to_string(r.path("zombies")).unwrap().trim(), "0");
+    assert_eq!(
+        std::fs::read_to_string(r.path("zombies")).unwrap().trim(),
+        "0"
+    );
     let rep = r.report();
     assert_eq!(text(&rep, "reason"), "child_exited");
     assert_eq!(num(&rep, "child.exit.code"), 0);
@@ -83,7 +95,16 @@ fn b02_sigterm_stops_a_handler_less_app() {
     let mut r = Running::start_with(Start {
         mode: Mode::Pid1,
         launch: &["--ignore", "HUP", "--block", "USR2"],
-        args: &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s", "--", "sleep", "30"],
+        args: &[
+            OFF,
+            "--pre-drain-delay",
+            "300ms",
+            "--drain-timeout",
+            "5s",
+            "--",
+            "sleep",
+            "30",
+        ],
         env: &[],
     });
     let c = r.child_running("sleep");
@@ -92,7 +113,10 @@ fn b02_sigterm_stops_a_handler_less_app() {
     assert_eq!(status_field(c, "SigCgt").unwrap(), "0000000000000000");
     r.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(150));
-    assert!(alive(c), "the app must keep running through the 300 ms delay");
+    assert!(
+        alive(c),
+        "the app must keep running through the 300 ms delay"
+    );
     let (rc, elapsed) = r.wait(secs(8));
     assert_eq!(rc, 0);
     assert!((300..3000).contains(&elapsed), "{elapsed} ms");
@@ -100,7 +124,14 @@ fn b02_sigterm_stops_a_handler_less_app() {
     assert_eq!(text(&rep, "reason"), "drained");
     assert_eq!(text(&rep, "signal"), "SIGTERM");
     assert_eq!(text(&rep, "child.exit.signal"), "SIGTERM");
-    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed"), num(&rep, "drain.abandoned")), (1, 1, 0));
+    assert_eq!(
+        (
+            num(&rep, "drain.in_flight_at_start"),
+            num(&rep, "drain.completed"),
+            num(&rep, "drain.abandoned")
+        ),
+        (1, 1, 0)
+    );
     assert!(num(&rep, "drain.forwarded_at_ms") >= 299);
     assert_eq!(num(&rep, "drain.deadline_ms"), 5300);
 }
@@ -108,9 +139,18 @@ fn b02_sigterm_stops_a_handler_less_app() {
 /// B03: `sh -c 'app; echo'` without exec: the app behind the shell drains.
 #[test]
 fn b03_app_behind_a_non_exec_shell_drains() {
-    let script = format!("NAME=app CLEANUP=0.5 {}; echo \"wrapper: app exited $?\"", app_cmd());
+    let script = format!(
+        "NAME=app CLEANUP=0.5 {}; echo \"wrapper: app exited $?\"",
+        app_cmd()
+    );
     let app = sh(script);
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"],
+            &app,
+        ),
+    );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(8));
@@ -120,7 +160,13 @@ fn b03_app_behind_a_non_exec_shell_drains() {
     assert!(r.mark_t("app: got SIGTERM").unwrap() >= r.t0 + 300);
     assert!((800..4000).contains(&elapsed), "{elapsed}");
     let rep = r.report();
-    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+    assert_eq!(
+        (
+            num(&rep, "drain.in_flight_at_start"),
+            num(&rep, "drain.completed")
+        ),
+        (2, 2)
+    );
     assert!(num(&rep, "drain.finished_at_ms") >= 800);
 }
 
@@ -128,8 +174,16 @@ fn b03_app_behind_a_non_exec_shell_drains() {
 #[test]
 fn b04_remaining_processes_finish_their_cleanup() {
     let a = app_cmd();
-    let app = sh(format!("NAME=worker CLEANUP=1 {a} & exec env NAME=main CLEANUP=0.3 {a}"));
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    let app = sh(format!(
+        "NAME=worker CLEANUP=1 {a} & exec env NAME=main CLEANUP=0.3 {a}"
+    ));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"],
+            &app,
+        ),
+    );
     r.wait_started(&["main", "worker"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(8));
@@ -138,19 +192,40 @@ fn b04_remaining_processes_finish_their_cleanup() {
     assert!(r.line_no("worker: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap());
     assert!(elapsed >= 1600);
     let rep = r.report();
-    assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+    assert_eq!(
+        (
+            num(&rep, "drain.in_flight_at_start"),
+            num(&rep, "drain.completed")
+        ),
+        (2, 2)
+    );
 
-    let app = sh(format!("NAME=worker CLEANUP=5 {a} & exec env NAME=main CLEANUP=1.5 {a}"));
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "2s"], &app));
+    let app = sh(format!(
+        "NAME=worker CLEANUP=5 {a} & exec env NAME=main CLEANUP=1.5 {a}"
+    ));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "2s"],
+            &app,
+        ),
+    );
     r.wait_started(&["main", "worker"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(9));
     assert_eq!(rc, 2);
-    assert!(r.has("main: cleanup done") && r.has("worker: got SIGTERM") && !r.has("worker: cleanup done"));
+    assert!(
+        r.has("main: cleanup done")
+            && r.has("worker: got SIGTERM")
+            && !r.has("worker: cleanup done")
+    );
     assert!((2300..3500).contains(&elapsed), "{elapsed}");
     let rep = r.report();
     assert_eq!(text(&rep, "reason"), "abandoned");
-    assert_eq!(rep["abandoned"][0]["pid"].to_string(), r.field("worker", "pid").unwrap());
+    assert_eq!(
+        rep["abandoned"][0]["pid"].to_string(),
+        r.field("worker", "pid").unwrap()
+    );
     assert_eq!(num(&rep, "drain.deadline_ms"), 2300);
 }
 
@@ -158,7 +233,18 @@ fn b04_remaining_processes_finish_their_cleanup() {
 #[test]
 fn b05_b07_exit_codes_propagated() {
     for code in [0, 1, 7, 255, 126, 127, 128, 129] {
-        let mut r = Running::start(Mode::Pid1, &[OFF, "--pre-drain-delay", "2s", "--", "sh", "-c", &format!("exit {code}")]);
+        let mut r = Running::start(
+            Mode::Pid1,
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "2s",
+                "--",
+                "sh",
+                "-c",
+                &format!("exit {code}"),
+            ],
+        );
         let (rc, elapsed) = r.wait(secs(5));
         assert_eq!(rc, code);
         assert!(elapsed < 1500);
@@ -170,7 +256,16 @@ fn b05_b07_exit_codes_propagated() {
 #[test]
 fn b06_signal_death_gives_128_plus_n() {
     for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15), ("INT", 2)] {
-        let mut r = Running::start(Mode::Pid1, &[OFF, "--", "sh", "-c", &format!("ulimit -c 0; kill -{sig} $$; exit 0")]);
+        let mut r = Running::start(
+            Mode::Pid1,
+            &[
+                OFF,
+                "--",
+                "sh",
+                "-c",
+                &format!("ulimit -c 0; kill -{sig} $$; exit 0"),
+            ],
+        );
         assert_eq!(r.wait(secs(5)).0, 128 + n);
         assert_eq!(text(&r.report(), "child.exit.signal"), format!("SIG{sig}"));
     }
@@ -182,7 +277,11 @@ fn b08_exec_failure_gives_127_or_126() {
     let tmp = TmpDir::new("b08");
     let f = tmp.join("notexec");
     std::fs::write(&f, "x").unwrap();
-    for (prog, code) in [("/nonexistent/app".to_string(), 127), ("no-such-cmd-b08".into(), 127), (f.display().to_string(), 126)] {
+    for (prog, code) in [
+        ("/nonexistent/app".to_string(), 127),
+        ("no-such-cmd-b08".into(), 127),
+        (f.display().to_string(), 126),
+    ] {
         let mut r = Running::start(Mode::Pid1, &[OFF, "--", &prog]);
         assert_eq!(r.wait(secs(5)).0, code);
         assert_eq!(text(&r.report(), "reason"), "spawn_failed");
@@ -196,15 +295,29 @@ fn b11_leftover_daemons_get_term_and_time() {
     let a = app_cmd();
     let wait = "until grep -q '^stubborn: started' \"$MARK\"; do sleep 0.02; done";
     for (mcode, want) in [(0, 2), (3, 3)] {
-        let app = sh(format!("NAME=stubborn STUBBORN=1 setsid {a} & {wait}; echo \"main: exiting t=$(date +%s%3N)\" >> \"$MARK\"; exit {mcode}"));
-        let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "2s", "--drain-timeout", "1s"], &app));
+        let app = sh(format!(
+            "NAME=stubborn STUBBORN=1 setsid {a} & {wait}; echo \"main: exiting t=$(date +%s%3N)\" >> \"$MARK\"; exit {mcode}"
+        ));
+        let mut r = Running::start(
+            Mode::Pid1,
+            &cmd(
+                &[OFF, "--pre-drain-delay", "2s", "--drain-timeout", "1s"],
+                &app,
+            ),
+        );
         let (rc, _) = r.wait(secs(10));
         assert_eq!(rc, want);
         let tm = r.mark_t("main: exiting").unwrap();
-        assert!(r.mark_t("stubborn: got SIGTERM").unwrap() < tm + 1500, "no pre-drain delay without a drain signal");
+        assert!(
+            r.mark_t("stubborn: got SIGTERM").unwrap() < tm + 1500,
+            "no pre-drain delay without a drain signal"
+        );
         let rep = r.report();
         assert!(["child_exited", "abandoned"].contains(&text(&rep, "reason")));
-        assert_eq!(rep["abandoned"][0]["pid"].to_string(), r.field("stubborn", "pid").unwrap());
+        assert_eq!(
+            rep["abandoned"][0]["pid"].to_string(),
+            r.field("stubborn", "pid").unwrap()
+        );
     }
 }
 
@@ -213,10 +326,23 @@ fn b11_leftover_daemons_get_term_and_time() {
 fn b12_setsid_descendant_gets_term() {
     let a = app_cmd();
     for mode in ["child", "group"] {
-        let app = sh(format!("NAME=daemon CLEANUP=0.5 setsid {a} & exec env NAME=main CLEANUP=0.2 {a}"));
+        let app = sh(format!(
+            "NAME=daemon CLEANUP=0.5 setsid {a} & exec env NAME=main CLEANUP=0.2 {a}"
+        ));
         let mut r = Running::start(
             Mode::Pid1,
-            &cmd(&[OFF, "--forward-to", mode, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app),
+            &cmd(
+                &[
+                    OFF,
+                    "--forward-to",
+                    mode,
+                    "--pre-drain-delay",
+                    "300ms",
+                    "--drain-timeout",
+                    "5s",
+                ],
+                &app,
+            ),
         );
         r.wait_started(&["main", "daemon"]);
         r.signal(libc::SIGTERM);
@@ -226,7 +352,13 @@ fn b12_setsid_descendant_gets_term() {
         assert_eq!(r.count("daemon: got SIGTERM"), 1);
         assert!(elapsed >= 1000);
         let rep = r.report();
-        assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+        assert_eq!(
+            (
+                num(&rep, "drain.in_flight_at_start"),
+                num(&rep, "drain.completed")
+            ),
+            (2, 2)
+        );
     }
 }
 
@@ -239,7 +371,16 @@ fn b15_clean_stop_reported_as_zero() {
     r.signal(libc::SIGTERM);
     assert_eq!(r.wait(secs(8)).0, 0);
     assert_eq!(num(&r.report(), "child.exit.code"), 143);
-    let mut r = Running::start(Mode::Pid1, &[OFF, "--", python(), "-c", "import sys, time; time.sleep(0.3); sys.exit(143)"]);
+    let mut r = Running::start(
+        Mode::Pid1,
+        &[
+            OFF,
+            "--",
+            python(),
+            "-c",
+            "import sys, time; time.sleep(0.3); sys.exit(143)",
+        ],
+    );
     assert_eq!(r.wait(secs(8)).0, 143);
     assert_eq!(text(&r.report(), "reason"), "child_exited");
 }
@@ -250,7 +391,18 @@ fn b16_drain_timeout_enforced_with_sigkill() {
     let app = sigapp("app", &["STUBBORN=1"]);
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "2s", "--report-file", "$TMP/report.json"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "300ms",
+                "--drain-timeout",
+                "2s",
+                "--report-file",
+                "$TMP/report.json",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
@@ -259,7 +411,8 @@ fn b16_drain_timeout_enforced_with_sigkill() {
     assert!((2300..4500).contains(&elapsed));
     let rep = r.report();
     assert_eq!(num(&rep, "drain.deadline_ms"), 2300);
-    let file: Value = serde_json::from_str(&std::fs::read_to_string(r.path("report.json")).unwrap()).unwrap();
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.path("report.json")).unwrap()).unwrap();
     assert_eq!(file, rep);
 }
 
@@ -272,14 +425,33 @@ fn b17_no_dropped_requests_during_the_pre_drain_delay() {
     let ready = format!("127.0.0.1:{port}");
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&["--probe-addr", &p, "--ready-tcp", &ready, "--pre-drain-delay", "1500ms", "--drain-timeout", "3s"], &server),
+        &cmd(
+            &[
+                "--probe-addr",
+                &p,
+                "--ready-tcp",
+                &ready,
+                "--pre-drain-delay",
+                "1500ms",
+                "--drain-timeout",
+                "3s",
+            ],
+            &server,
+        ),
     );
-    wait_for(secs(10), || (get(probe, "/readyz", "GET").0 == 200).then_some(())).expect("ready");
+    wait_for(secs(10), || {
+        (get(probe, "/readyz", "GET").0 == 200).then_some(())
+    })
+    .expect("ready");
     r.signal(libc::SIGTERM);
     let start = Instant::now();
     let (mut ok, mut failed) = (0, 0);
     while start.elapsed() < secs(1) {
-        if get(port, "/", "GET").0 == 200 { ok += 1 } else { failed += 1 }
+        if get(port, "/", "GET").0 == 200 {
+            ok += 1
+        } else {
+            failed += 1
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(failed, 0, "requests failed during the balancer's lag");
@@ -298,29 +470,53 @@ fn b18_readiness_flips_liveness_stays() {
     let mut r = Running::start(
         Mode::Pid1,
         &[
-            "--probe-addr", &p, "--ready-file", "$TMP/ready", "--pre-drain-delay", "1s", "--drain-timeout", "3s",
-            "--teardown", "sleep 1", "--", "sleep", "30",
+            "--probe-addr",
+            &p,
+            "--ready-file",
+            "$TMP/ready",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "3s",
+            "--teardown",
+            "sleep 1",
+            "--",
+            "sleep",
+            "30",
         ],
     );
-    wait_for(secs(10), || (get(probe, "/healthz", "GET").0 == 200).then_some(())).expect("probe up");
+    wait_for(secs(10), || {
+        (get(probe, "/healthz", "GET").0 == 200).then_some(())
+    })
+    .expect("probe up");
     let (st, head, body) = get(probe, "/readyz", "GET");
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((st, body["status"].as_str()), (503, Some("starting")));
     assert_eq!(body["checks"]["file"]["detail"], "not found");
-    assert!(head.contains("content-type: application/json") && head.contains("cache-control: no-store"));
+    assert!(
+        head.contains("content-type: application/json") && head.contains("cache-control: no-store")
+    );
     std::fs::write(r.path("ready"), "").unwrap();
-    wait_for(secs(2), || (get(probe, "/readyz", "GET").0 == 200).then_some(())).expect("ready within 2 s");
+    wait_for(secs(2), || {
+        (get(probe, "/readyz", "GET").0 == 200).then_some(())
+    })
+    .expect("ready within 2 s");
     assert_eq!(get(probe, "/nope", "GET").0, 404);
     assert_eq!(get(probe, "/readyz", "POST").0, 405);
     r.signal(libc::SIGTERM);
     let sent = Instant::now();
-    wait_for(Duration::from_millis(300), || (get(probe, "/readyz", "GET").0 == 503).then_some(())).expect("503 within 300 ms");
+    wait_for(Duration::from_millis(300), || {
+        (get(probe, "/readyz", "GET").0 == 503).then_some(())
+    })
+    .expect("503 within 300 ms");
     while sent.elapsed() < Duration::from_millis(900) {
         assert_eq!(get(probe, "/readyz", "GET").2, r#"{"status":"draining"}"#);
         assert_eq!(get(probe, "/healthz", "GET").0, 200);
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stopping = wait_for(secs(4), || (get(probe, "/readyz", "GET").2 == r#"{"status":"stopping"}"#).then_some(()));
+    let stopping = wait_for(secs(4), || {
+        (get(probe, "/readyz", "GET").2 == r#"{"status":"stopping"}"#).then_some(())
+    });
     assert!(stopping.is_some(), "stopping during the teardown");
     assert_eq!(get(probe, "/healthz", "GET").0, 200);
     let (rc, elapsed) = r.wait(secs(8));
@@ -333,13 +529,25 @@ fn b18_readiness_flips_liveness_stays() {
 #[test]
 fn b20_helpers_outlive_the_apps_drain() {
     let a = app_cmd();
-    let app = sh(format!("NAME=helper CLEANUP=0 {a} & exec env NAME=main CLEANUP=1 {a}"));
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"], &app));
+    let app = sh(format!(
+        "NAME=helper CLEANUP=0 {a} & exec env NAME=main CLEANUP=1 {a}"
+    ));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "5s"],
+            &app,
+        ),
+    );
     r.wait_started(&["main", "helper"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(8));
     assert_eq!(rc, 0);
-    assert!(r.line_no("helper: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap(), "{}", r.marks());
+    assert!(
+        r.line_no("helper: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap(),
+        "{}",
+        r.marks()
+    );
     assert_eq!(r.count("helper: got SIGTERM"), 1);
     assert!(elapsed >= 1300);
 }
@@ -350,13 +558,32 @@ fn b21_inherited_fds_closed_in_drainit() {
     let mut r = Running::start_with(Start {
         mode: Mode::Pid1,
         launch: &["--listen-fd", "3:$TMP/port3"],
-        args: &[OFF, "--pre-drain-delay", "200ms", "--", "sh", "-c", "exec 3>&-; exec sleep 30"],
+        args: &[
+            OFF,
+            "--pre-drain-delay",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            "exec 3>&-; exec sleep 30",
+        ],
         env: &[],
     });
     let _child = r.child_running("sleep");
-    let port: u16 = std::fs::read_to_string(r.path("port3")).unwrap().trim().parse().unwrap();
-    let refused = wait_for(secs(2), || TcpStream::connect(("127.0.0.1", port)).is_err().then_some(()));
-    assert!(refused.is_some(), "the port is still bound: drainit holds the inherited socket");
+    let port: u16 = std::fs::read_to_string(r.path("port3"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let refused = wait_for(secs(2), || {
+        TcpStream::connect(("127.0.0.1", port))
+            .is_err()
+            .then_some(())
+    });
+    assert!(
+        refused.is_some(),
+        "the port is still bound: drainit holds the inherited socket"
+    );
     r.signal(libc::SIGTERM);
     assert_eq!(r.wait(secs(6)).0, 0);
 }
@@ -369,13 +596,33 @@ fn b25_terminal_foreground_and_ctrl_c() {
     let out = tmp.join("tty.out");
     let app = "import os, time; print('fg=%s' % (os.tcgetpgrp(0) == os.getpgrp()), flush=True); print('APP' + ' READY', flush=True); time.sleep(30)";
     let res = std::process::Command::new(python())
-        .args([fixture("pty_run.py").as_str(), "--ctrl-c-after", "APP READY", out.to_str().unwrap(), "--"])
-        .args([python(), fixture("launch.py").as_str(), "--", bin(), OFF, "--", python(), "-c", app])
+        .args([
+            fixture("pty_run.py").as_str(),
+            "--ctrl-c-after",
+            "APP READY",
+            out.to_str().unwrap(),
+            "--",
+        ])
+        .args([
+            python(),
+            fixture("launch.py").as_str(),
+            "--",
+            bin(),
+            OFF,
+            "--",
+            python(),
+            "-c",
+            app,
+        ])
         .env("DRAINIT_TEST_TMP", tmp.path())
         .output()
         .unwrap();
     let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(String::from_utf8_lossy(&res.stdout).trim(), "exit 130", "{text}");
+    assert_eq!(
+        String::from_utf8_lossy(&res.stdout).trim(),
+        "exit 130",
+        "{text}"
+    );
     assert!(text.contains("fg=True"), "{text}");
 }
 
@@ -400,10 +647,27 @@ while "daemon: started" not in open(os.environ["MARK"]).read() and time.time() <
 "#,
         fixture("sigapp.py")
     );
-    let mut r = Running::start(Mode::Subreaper, &[OFF, "--pre-drain-delay", "2s", "--drain-timeout", "3s", "--", python(), "-c", &app]);
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            OFF,
+            "--pre-drain-delay",
+            "2s",
+            "--drain-timeout",
+            "3s",
+            "--",
+            python(),
+            "-c",
+            &app,
+        ],
+    );
     let (rc, _) = r.wait(secs(10));
     assert_eq!(rc, 0);
-    assert_eq!(r.field("daemon", "ppid").unwrap(), r.pid.to_string(), "re-parented to drainit");
+    assert_eq!(
+        r.field("daemon", "ppid").unwrap(),
+        r.pid.to_string(),
+        "re-parented to drainit"
+    );
     assert_eq!(r.count("daemon: got SIGTERM"), 1);
     assert!(r.has("daemon: cleanup done"));
     assert_eq!(text(&r.report(), "reason"), "child_exited");
@@ -415,7 +679,18 @@ fn b29_stop_signal_rewritten() {
     let app = sigapp("app", &["DRAIN_SIG=QUIT", "CLEANUP=0.2"]);
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--rewrite", "TERM:QUIT", "--rewrite", "SIGHUP:SIGUSR1", "--pre-drain-delay", "300ms"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--rewrite",
+                "TERM:QUIT",
+                "--rewrite",
+                "SIGHUP:SIGUSR1",
+                "--pre-drain-delay",
+                "300ms",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGHUP);

@@ -27,13 +27,25 @@ fn cmd<'a>(flags: &[&'a str], app: &'a [String]) -> Vec<&'a str> {
 
 /// One HTTP GET on a fresh connection: (status, body), or (0, "") when refused.
 fn get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
-    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -43,31 +55,66 @@ fn readyz_fails_at_once_healthz_stays_and_the_app_keeps_serving_through_the_dela
         let (app_port, probe_port) = (free_port(), free_port());
         let probe = format!("127.0.0.1:{probe_port}");
         let ready = format!("127.0.0.1:{app_port}");
-        let server = vec![python().to_string(), fixture("server.py"), app_port.to_string()];
-        let flags = ["--probe-addr", &probe, "--ready-tcp", &ready, "--pre-drain-delay", "1s", "--drain-timeout", "3s"];
+        let server = vec![
+            python().to_string(),
+            fixture("server.py"),
+            app_port.to_string(),
+        ];
+        let flags = [
+            "--probe-addr",
+            &probe,
+            "--ready-tcp",
+            &ready,
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "3s",
+        ];
         let mut r = Running::start(mode, &cmd(&flags, &server));
-        wait_for(secs(10), || (get(probe_port, "/readyz").0 == 200).then_some(()))
-            .unwrap_or_else(|| panic!("{mode:?}: never ready: {}", r.stderr_text()));
+        wait_for(secs(10), || {
+            (get(probe_port, "/readyz").0 == 200).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{mode:?}: never ready: {}", r.stderr_text()));
         assert_eq!(get(app_port, "/").0, 200);
         r.signal(libc::SIGTERM);
         let sent = Instant::now();
-        let flipped = wait_for(secs(2), || (get(probe_port, "/readyz").0 == 503).then(|| sent.elapsed())).unwrap();
-        assert!(flipped < Duration::from_millis(100), "{mode:?}: /readyz flipped after {flipped:?}");
+        let flipped = wait_for(secs(2), || {
+            (get(probe_port, "/readyz").0 == 503).then(|| sent.elapsed())
+        })
+        .unwrap();
+        assert!(
+            flipped < Duration::from_millis(100),
+            "{mode:?}: /readyz flipped after {flipped:?}"
+        );
         let (st, body) = get(probe_port, "/readyz");
         assert_eq!((st, body.as_str()), (503, r#"{"status":"draining"}"#));
         // Beat 2: the app still serves, liveness stays green.
         let mut served = 0;
         while sent.elapsed() < Duration::from_millis(800) {
-            assert_eq!(get(app_port, "/").0, 200, "{mode:?}: the app stopped serving inside the pre-drain delay");
-            assert_eq!(get(probe_port, "/healthz").0, 200, "{mode:?}: liveness failed during the drain");
+            assert_eq!(
+                get(app_port, "/").0,
+                200,
+                "{mode:?}: the app stopped serving inside the pre-drain delay"
+            );
+            assert_eq!(
+                get(probe_port, "/healthz").0,
+                200,
+                "{mode:?}: liveness failed during the drain"
+            );
             served += 1;
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(served > 5);
         let (rc, elapsed) = r.wait(secs(8));
         assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
-        assert!(elapsed >= 1000, "{mode:?}: exited {elapsed} ms after SIGTERM, inside the delay");
-        assert!(elapsed < 3500, "{mode:?}: exited {elapsed} ms after SIGTERM: the timeout is a limit, not a sleep");
+        assert!(
+            elapsed >= 1000,
+            "{mode:?}: exited {elapsed} ms after SIGTERM, inside the delay"
+        );
+        assert!(
+            elapsed < 3500,
+            "{mode:?}: exited {elapsed} ms after SIGTERM: the timeout is a limit, not a sleep"
+        );
         let rep = r.report();
         assert_eq!(text(&rep, "reason"), "drained");
         assert!(num(&rep, "drain.forwarded_at_ms") >= 1000);
@@ -79,16 +126,31 @@ fn readyz_fails_at_once_healthz_stays_and_the_app_keeps_serving_through_the_dela
 fn the_child_gets_the_signal_no_earlier_than_the_delay_and_exactly_once() {
     for mode in BOTH {
         let app = sigapp("app", &["CLEANUP=0.1"]);
-        let mut r = Running::start(mode, &cmd(&[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "3s"], &app));
+        let mut r = Running::start(
+            mode,
+            &cmd(
+                &[OFF, "--pre-drain-delay", "300ms", "--drain-timeout", "3s"],
+                &app,
+            ),
+        );
         r.wait_started(&["app"]);
         r.signal(libc::SIGTERM);
         let (rc, _) = r.wait(secs(6));
         assert_eq!(rc, 0);
         let dt = r.mark_t("app: got SIGTERM").unwrap() as i64 - r.t0 as i64;
-        assert!(dt >= 300, "{mode:?}: the child got SIGTERM {dt} ms after drainit did");
+        assert!(
+            dt >= 300,
+            "{mode:?}: the child got SIGTERM {dt} ms after drainit did"
+        );
         assert_eq!(r.count("app: got SIGTERM"), 1);
         let rep = r.report();
-        assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (1, 1));
+        assert_eq!(
+            (
+                num(&rep, "drain.in_flight_at_start"),
+                num(&rep, "drain.completed")
+            ),
+            (1, 1)
+        );
         assert_eq!(num(&rep, "drain.pre_drain_delay_ms"), 300);
     }
 }
@@ -98,13 +160,27 @@ fn a_signal_before_readiness_skips_the_delay() {
     let app = sigapp("app", &["CLEANUP=0.1"]);
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--ready-file", "/nonexistent/ready", "--pre-drain-delay", "5s", "--drain-timeout", "3s"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--ready-file",
+                "/nonexistent/ready",
+                "--pre-drain-delay",
+                "5s",
+                "--drain-timeout",
+                "3s",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(4));
     assert_eq!(rc, 0);
-    assert!(elapsed < 2000, "never routed to: no pre-drain delay ({elapsed} ms)");
+    assert!(
+        elapsed < 2000,
+        "never routed to: no pre-drain delay ({elapsed} ms)"
+    );
     assert_eq!(num(&r.report(), "drain.pre_drain_delay_ms"), 0);
 }
 
@@ -114,13 +190,27 @@ fn an_app_ignoring_term_is_killed_at_the_deadline_and_reported_abandoned() {
         let app = sigapp("app", &["STUBBORN=1"]);
         let mut r = Running::start(
             mode,
-            &cmd(&[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "1s", "--report-file", "$TMP/report.json"], &app),
+            &cmd(
+                &[
+                    OFF,
+                    "--pre-drain-delay",
+                    "200ms",
+                    "--drain-timeout",
+                    "1s",
+                    "--report-file",
+                    "$TMP/report.json",
+                ],
+                &app,
+            ),
         );
         r.wait_started(&["app"]);
         r.signal(libc::SIGTERM);
         let (rc, elapsed) = r.wait(secs(6));
         assert_eq!(rc, 2, "{mode:?}");
-        assert!(elapsed >= 1200, "{mode:?}: killed {elapsed} ms after SIGTERM, before the deadline");
+        assert!(
+            elapsed >= 1200,
+            "{mode:?}: killed {elapsed} ms after SIGTERM, before the deadline"
+        );
         assert!(elapsed < 3500, "{mode:?}: {elapsed} ms");
         let rep = r.report();
         assert_eq!(text(&rep, "reason"), "abandoned");
@@ -128,9 +218,16 @@ fn an_app_ignoring_term_is_killed_at_the_deadline_and_reported_abandoned() {
         assert_eq!(num(&rep, "drain.completed"), 0);
         let ab = &rep["abandoned"][0];
         assert_eq!(ab["pid"].to_string(), r.field("app", "pid").unwrap());
-        assert_eq!(ab["comm"].as_str().unwrap(), r.field("app", "comm").unwrap());
-        assert!(ab.get("cmdline").is_none() && ab.as_object().unwrap().len() == 2, "pid and comm only");
-        let file: Value = serde_json::from_str(&std::fs::read_to_string(r.path("report.json")).unwrap()).unwrap();
+        assert_eq!(
+            ab["comm"].as_str().unwrap(),
+            r.field("app", "comm").unwrap()
+        );
+        assert!(
+            ab.get("cmdline").is_none() && ab.as_object().unwrap().len() == 2,
+            "pid and comm only"
+        );
+        let file: Value =
+            serde_json::from_str(&std::fs::read_to_string(r.path("report.json")).unwrap()).unwrap();
         assert_eq!(file, rep, "--report-file holds the same report");
     }
 }
@@ -139,25 +236,43 @@ fn an_app_ignoring_term_is_killed_at_the_deadline_and_reported_abandoned() {
 fn a_second_signal_in_beat_two_forwards_now_and_in_beat_three_kills_now() {
     // Beat 2.
     let app = sigapp("app", &["CLEANUP=0.1"]);
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "5s", "--drain-timeout", "5s"], &app));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "5s", "--drain-timeout", "5s"],
+            &app,
+        ),
+    );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(4));
     assert_eq!(rc, 0);
-    assert!(elapsed < 2000, "the second signal forwarded at once ({elapsed} ms)");
+    assert!(
+        elapsed < 2000,
+        "the second signal forwarded at once ({elapsed} ms)"
+    );
     assert_eq!(r.count("app: got SIGTERM"), 1);
     // Beat 3.
     let app = sigapp("app", &["STUBBORN=1"]);
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "100ms", "--drain-timeout", "10s"], &app));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "100ms", "--drain-timeout", "10s"],
+            &app,
+        ),
+    );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
     assert!(r.wait_mark("app: got SIGTERM", secs(3)));
     r.signal(libc::SIGINT);
     let (rc, elapsed) = r.wait(secs(4));
     assert_eq!(rc, 2);
-    assert!(elapsed < 1500, "the second signal killed at once ({elapsed} ms)");
+    assert!(
+        elapsed < 1500,
+        "the second signal killed at once ({elapsed} ms)"
+    );
     assert_eq!(text(&r.report(), "reason"), "abandoned");
 }
 
@@ -166,7 +281,18 @@ fn second_signal_ignore_keeps_the_timeline() {
     let app = sigapp("app", &["CLEANUP=0.1"]);
     let mut r = Running::start(
         Mode::Subreaper,
-        &cmd(&[OFF, "--second-signal", "ignore", "--pre-drain-delay", "800ms", "--drain-timeout", "3s"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--second-signal",
+                "ignore",
+                "--pre-drain-delay",
+                "800ms",
+                "--drain-timeout",
+                "3s",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
@@ -177,15 +303,28 @@ fn second_signal_ignore_keeps_the_timeline() {
     let (rc, _) = r.wait(secs(6));
     assert_eq!(rc, 0);
     let dt = r.mark_t("app: got SIGTERM").unwrap() as i64 - t0 as i64;
-    assert!(dt >= 800, "forwarded {dt} ms after the first signal: the second one must change nothing");
+    assert!(
+        dt >= 800,
+        "forwarded {dt} ms after the first signal: the second one must change nothing"
+    );
 }
 
 #[test]
 fn a_shell_wrapper_without_exec_drains_its_app() {
     for mode in BOTH {
-        let script = format!("NAME=app CLEANUP=0.4 {} {}; echo done", python(), fixture("sigapp.py"));
+        let script = format!(
+            "NAME=app CLEANUP=0.4 {} {}; echo done",
+            python(),
+            fixture("sigapp.py")
+        );
         let app = vec!["sh".to_string(), "-c".into(), script];
-        let mut r = Running::start(mode, &cmd(&[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "4s"], &app));
+        let mut r = Running::start(
+            mode,
+            &cmd(
+                &[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "4s"],
+                &app,
+            ),
+        );
         r.wait_started(&["app"]);
         r.signal(libc::SIGTERM);
         let (rc, elapsed) = r.wait(secs(8));
@@ -194,7 +333,13 @@ fn a_shell_wrapper_without_exec_drains_its_app() {
         assert_eq!(r.count("app: got SIGTERM"), 1);
         assert!(elapsed >= 600);
         let rep = r.report();
-        assert_eq!((num(&rep, "drain.in_flight_at_start"), num(&rep, "drain.completed")), (2, 2));
+        assert_eq!(
+            (
+                num(&rep, "drain.in_flight_at_start"),
+                num(&rep, "drain.completed")
+            ),
+            (2, 2)
+        );
     }
 }
 
@@ -202,15 +347,29 @@ fn a_shell_wrapper_without_exec_drains_its_app() {
 fn a_worker_behind_a_master_is_signalled_only_after_the_master_drained() {
     for mode in BOTH {
         let app = format!("{} {}", python(), fixture("sigapp.py"));
-        let script = format!("NAME=worker CLEANUP=0.3 {app} & exec env NAME=master CLEANUP=0.5 {app}");
+        let script =
+            format!("NAME=worker CLEANUP=0.3 {app} & exec env NAME=master CLEANUP=0.5 {app}");
         let sh = vec!["sh".to_string(), "-c".into(), script];
-        let mut r = Running::start(mode, &cmd(&[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "4s"], &sh));
+        let mut r = Running::start(
+            mode,
+            &cmd(
+                &[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "4s"],
+                &sh,
+            ),
+        );
         r.wait_started(&["master", "worker"]);
         r.signal(libc::SIGTERM);
         let (rc, _) = r.wait(secs(8));
         assert_eq!(rc, 0);
-        let (m, w) = (r.line_no("master: cleanup done").unwrap(), r.line_no("worker: got SIGTERM").unwrap());
-        assert!(w > m, "{mode:?}: the worker was signalled before the master drained:\n{}", r.marks());
+        let (m, w) = (
+            r.line_no("master: cleanup done").unwrap(),
+            r.line_no("worker: got SIGTERM").unwrap(),
+        );
+        assert!(
+            w > m,
+            "{mode:?}: the worker was signalled before the master drained:\n{}",
+            r.marks()
+        );
         assert!(r.has("worker: cleanup done"));
     }
 }
@@ -220,14 +379,32 @@ fn the_deadline_is_not_restarted_when_the_main_child_exits() {
     let app = format!("{} {}", python(), fixture("sigapp.py"));
     let script = format!("NAME=worker CLEANUP=5 {app} & exec env NAME=main CLEANUP=0.6 {app}");
     let sh = vec!["sh".to_string(), "-c".into(), script];
-    let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--pre-drain-delay", "200ms", "--drain-timeout", "1200ms"], &sh));
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "200ms",
+                "--drain-timeout",
+                "1200ms",
+            ],
+            &sh,
+        ),
+    );
     r.wait_started(&["main", "worker"]);
     r.signal(libc::SIGTERM);
     let (rc, elapsed) = r.wait(secs(8));
     assert_eq!(rc, 2);
-    assert!((1400..2600).contains(&elapsed), "killed at T0 + 1.4 s, not later ({elapsed} ms)");
+    assert!(
+        (1400..2600).contains(&elapsed),
+        "killed at T0 + 1.4 s, not later ({elapsed} ms)"
+    );
     let rep = r.report();
-    assert_eq!(rep["abandoned"][0]["comm"], r.field("worker", "comm").unwrap().as_str());
+    assert_eq!(
+        rep["abandoned"][0]["comm"],
+        r.field("worker", "comm").unwrap().as_str()
+    );
     assert_eq!(num(&rep, "drain.completed"), 1);
 }
 
@@ -237,18 +414,41 @@ fn teardown_runs_after_the_drain_and_its_failure_or_hang_gives_two() {
     // Clean teardown: 0.
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--pre-drain-delay", "100ms", "--teardown", "sh -c 'echo teardown >> \"$MARK\"'"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "100ms",
+                "--teardown",
+                "sh -c 'echo teardown >> \"$MARK\"'",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
     assert_eq!(r.wait(secs(5)).0, 0);
-    assert!(r.line_no("teardown").unwrap() > r.line_no("app: cleanup done").unwrap(), "teardown after the drain");
+    assert!(
+        r.line_no("teardown").unwrap() > r.line_no("app: cleanup done").unwrap(),
+        "teardown after the drain"
+    );
     let rep = r.report();
     assert_eq!(rep["teardown"][0]["ok"], true);
     // A failing step: 2, and the next step still runs.
     let mut r = Running::start(
         Mode::Subreaper,
-        &cmd(&[OFF, "--pre-drain-delay", "100ms", "--teardown", "false", "--teardown", "true"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "100ms",
+                "--teardown",
+                "false",
+                "--teardown",
+                "true",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
@@ -260,7 +460,18 @@ fn teardown_runs_after_the_drain_and_its_failure_or_hang_gives_two() {
     // A hanging step: killed at its timeout, 2.
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--pre-drain-delay", "100ms", "--teardown", "sleep 30", "--teardown-timeout", "500ms"], &app),
+        &cmd(
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "100ms",
+                "--teardown",
+                "sleep 30",
+                "--teardown-timeout",
+                "500ms",
+            ],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     r.signal(libc::SIGTERM);
@@ -281,14 +492,23 @@ fn a_clean_stop_with_exit_143_is_zero_and_a_crash_keeps_its_code() {
     assert_eq!(num(&r.report(), "child.exit.code"), 143);
     // Work abandoned after a clean exit by itself: 2; a crash outranks it.
     for (code, want) in [(0, 2), (3, 3)] {
-        let daemon = format!("NAME=stubborn STUBBORN=1 setsid {} {} &", python(), fixture("sigapp.py"));
-        let script = format!("{daemon} until grep -q '^stubborn: started' \"$MARK\"; do sleep 0.02; done; exit {code}");
+        let daemon = format!(
+            "NAME=stubborn STUBBORN=1 setsid {} {} &",
+            python(),
+            fixture("sigapp.py")
+        );
+        let script = format!(
+            "{daemon} until grep -q '^stubborn: started' \"$MARK\"; do sleep 0.02; done; exit {code}"
+        );
         let sh = vec!["sh".to_string(), "-c".into(), script];
         let mut r = Running::start(Mode::Pid1, &cmd(&[OFF, "--drain-timeout", "500ms"], &sh));
         let (rc, _) = r.wait(secs(8));
         assert_eq!(rc, want, "{}", r.stderr_text());
         let rep = r.report();
-        assert_eq!(rep["abandoned"][0]["comm"], r.field("stubborn", "comm").unwrap().as_str());
+        assert_eq!(
+            rep["abandoned"][0]["comm"],
+            r.field("stubborn", "comm").unwrap().as_str()
+        );
         assert!(rep["drain"].is_null() && rep["stop"].is_object());
     }
 }
@@ -298,7 +518,10 @@ fn custom_drain_signal_and_non_drain_signals_never_start_a_drain() {
     let app = sigapp("app", &["DRAIN_SIG=USR2", "CLEANUP=0.05"]);
     let mut r = Running::start(
         Mode::Pid1,
-        &cmd(&[OFF, "--drain-signal", "USR2", "--pre-drain-delay", "200ms"], &app),
+        &cmd(
+            &[OFF, "--drain-signal", "USR2", "--pre-drain-delay", "200ms"],
+            &app,
+        ),
     );
     r.wait_started(&["app"]);
     // TERM is no drain signal here: forwarded at once; the app logs and carries on.
@@ -315,21 +538,52 @@ fn custom_drain_signal_and_non_drain_signals_never_start_a_drain() {
 #[test]
 fn budget_is_logged_and_strict_budget_refuses_what_does_not_fit() {
     let out = std::process::Command::new(bin())
-        .args([OFF, "--pre-drain-delay", "10s", "--drain-timeout", "25s", "--", "true"])
+        .args([
+            OFF,
+            "--pre-drain-delay",
+            "10s",
+            "--drain-timeout",
+            "25s",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("pre-drain delay 10s + drain timeout 25s") && err.contains("warning"), "{err}");
+    assert!(
+        err.contains("pre-drain delay 10s + drain timeout 25s") && err.contains("warning"),
+        "{err}"
+    );
     let out = std::process::Command::new(bin())
-        .args([OFF, "--strict-budget", "--pre-drain-delay", "10s", "--drain-timeout", "25s", "--", "true"])
+        .args([
+            OFF,
+            "--strict-budget",
+            "--pre-drain-delay",
+            "10s",
+            "--drain-timeout",
+            "25s",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
     let out = std::process::Command::new(bin())
-        .args(["--check-config", "--teardown", "sync", "--teardown-timeout", "2s"])
+        .args([
+            "--check-config",
+            "--teardown",
+            "sync",
+            "--teardown-timeout",
+            "2s",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
-    assert!(text.contains("pre-drain delay 5s + drain timeout 20s + teardown 2s = 27s of grace period 30s"), "{text}");
+    assert!(
+        text.contains(
+            "pre-drain delay 5s + drain timeout 20s + teardown 2s = 27s of grace period 30s"
+        ),
+        "{text}"
+    );
 }

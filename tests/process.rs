@@ -20,10 +20,16 @@ fn exit_codes_are_the_childs() {
     for mode in BOTH {
         for code in [0, 1, 7, 126, 127, 128, 129, 255] {
             let script = format!("exit {code}");
-            let mut r = Running::start(mode, &[OFF, "--pre-drain-delay", "2s", "--", "sh", "-c", &script]);
+            let mut r = Running::start(
+                mode,
+                &[OFF, "--pre-drain-delay", "2s", "--", "sh", "-c", &script],
+            );
             let (rc, elapsed) = r.wait(secs(5));
             assert_eq!(rc, code, "{mode:?}: child exited {code}");
-            assert!(elapsed < 1500, "{mode:?}: no pre-drain delay without a drain signal ({elapsed} ms)");
+            assert!(
+                elapsed < 1500,
+                "{mode:?}: no pre-drain delay without a drain signal ({elapsed} ms)"
+            );
             let rep = r.report();
             assert_eq!(text(&rep, "reason"), "child_exited");
             assert_eq!(num(&rep, "child.exit.code"), code as i64);
@@ -35,7 +41,13 @@ fn exit_codes_are_the_childs() {
 #[test]
 fn a_signal_death_gives_128_plus_n() {
     for mode in BOTH {
-        for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15), ("INT", 2), ("USR1", 10)] {
+        for (sig, n) in [
+            ("KILL", 9),
+            ("SEGV", 11),
+            ("TERM", 15),
+            ("INT", 2),
+            ("USR1", 10),
+        ] {
             let script = format!("ulimit -c 0; kill -{sig} $$; exit 0");
             let mut r = Running::start(mode, &[OFF, "--", "sh", "-c", &script]);
             let (rc, _) = r.wait(secs(5));
@@ -69,7 +81,11 @@ fn a_command_that_cannot_start_gives_127_or_126() {
             assert_eq!(text(&rep, "reason"), "spawn_failed");
             assert_eq!(text(&rep, "error"), *kind);
             assert!(rep["child"].is_null());
-            assert!(r.stderr_text().contains(cmd.as_str()), "stderr names the command: {}", r.stderr_text());
+            assert!(
+                r.stderr_text().contains(cmd.as_str()),
+                "stderr names the command: {}",
+                r.stderr_text()
+            );
         }
     }
 }
@@ -80,8 +96,15 @@ fn bad_input_is_64_or_78_and_starts_nothing() {
     let witness = tmp.join("started");
     let touch = format!("touch {}", witness.display());
     let run = |args: &[&str], env: &[(&str, &str)]| {
-        let out = std::process::Command::new(bin()).args(args).envs(env.iter().copied()).output().unwrap();
-        (out.status.code().unwrap(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (rc, err) = run(&["--no-such-flag", "sh", "-c", &touch], &[]);
     assert_eq!(rc, 64, "{err}");
@@ -89,8 +112,14 @@ fn bad_input_is_64_or_78_and_starts_nothing() {
     assert_eq!(rc, 64, "no command: {err}");
     let (rc, err) = run(&[OFF, "--drain-timeout", "soon", "sh", "-c", &touch], &[]);
     assert_eq!(rc, 64);
-    assert!(err.contains("--drain-timeout") && err.contains("soon"), "{err}");
-    let (rc, err) = run(&[OFF, "sh", "-c", &touch], &[("DRAINIT_DRAIN_TIMEOUT", "soon")]);
+    assert!(
+        err.contains("--drain-timeout") && err.contains("soon"),
+        "{err}"
+    );
+    let (rc, err) = run(
+        &[OFF, "sh", "-c", &touch],
+        &[("DRAINIT_DRAIN_TIMEOUT", "soon")],
+    );
     assert_eq!(rc, 78);
     assert!(err.contains("DRAINIT_DRAIN_TIMEOUT"), "{err}");
     let (rc, err) = run(&[OFF, "--forward-to", "everyone", "sh", "-c", &touch], &[]);
@@ -190,14 +219,25 @@ fn forward_to_group_reaches_the_whole_group() {
     assert!(r.wait_mark("main: got SIGUSR1", secs(5)));
     assert!(r.wait_mark("worker: got SIGUSR1", secs(5)), "{}", r.marks());
     assert_eq!(r.field("main", "pgid"), r.field("worker", "pgid"));
-    assert_eq!(r.field("main", "pgid"), r.field("main", "pid"), "the child leads its own group");
+    assert_eq!(
+        r.field("main", "pgid"),
+        r.field("main", "pid"),
+        "the child leads its own group"
+    );
 }
 
 #[test]
 fn rewrite_maps_and_drops_forwarded_signals() {
     for mode in BOTH {
         let app = sigapp("app", &[]);
-        let mut args = vec![OFF, "--rewrite", "USR1:USR2", "--rewrite", "SIGWINCH:0", "--"];
+        let mut args = vec![
+            OFF,
+            "--rewrite",
+            "USR1:USR2",
+            "--rewrite",
+            "SIGWINCH:0",
+            "--",
+        ];
         args.extend(app.iter().map(String::as_str));
         let mut r = Running::start(mode, &args);
         r.wait_started(&["app"]);
@@ -206,7 +246,11 @@ fn rewrite_maps_and_drops_forwarded_signals() {
         assert!(r.wait_mark("app: got SIGUSR2", secs(5)), "{}", r.marks());
         r.signal(libc::SIGHUP);
         assert!(r.wait_mark("app: got SIGHUP", secs(5)));
-        assert!(!r.has("app: got SIGUSR1") && !r.has("app: got SIGWINCH"), "{}", r.marks());
+        assert!(
+            !r.has("app: got SIGUSR1") && !r.has("app: got SIGWINCH"),
+            "{}",
+            r.marks()
+        );
     }
 }
 
@@ -228,7 +272,16 @@ fn the_child_starts_with_the_signal_state_drainit_inherited() {
     // Without an init in between.
     let tmp = TmpDir::new("bare");
     let mut bare = std::process::Command::new(python())
-        .args([fixture("launch.py").as_str(), "--ignore", "HUP", "--block", "USR2", "--", "sleep", "30"])
+        .args([
+            fixture("launch.py").as_str(),
+            "--ignore",
+            "HUP",
+            "--block",
+            "USR2",
+            "--",
+            "sleep",
+            "30",
+        ])
         .env("DRAINIT_TEST_TMP", tmp.path())
         .spawn()
         .unwrap();
@@ -240,11 +293,27 @@ fn the_child_starts_with_the_signal_state_drainit_inherited() {
     .unwrap();
     let _ = bare.kill();
     let _ = bare.wait();
-    assert_eq!(bare_state, ("0000000000000800".into(), "0000000000000001".into(), "0000000000000000".into()));
+    assert_eq!(
+        bare_state,
+        (
+            "0000000000000800".into(),
+            "0000000000000001".into(),
+            "0000000000000000".into()
+        )
+    );
     for mode in BOTH {
-        let r = Running::start_with(Start { mode, launch: &launch, args: &[OFF, "--", "sleep", "30"], env: &[] });
+        let r = Running::start_with(Start {
+            mode,
+            launch: &launch,
+            args: &[OFF, "--", "sleep", "30"],
+            env: &[],
+        });
         let child = r.child_running("sleep");
-        assert_eq!(sig_state(child), bare_state, "{mode:?}: SigBlk/SigIgn/SigCgt of the child");
+        assert_eq!(
+            sig_state(child),
+            bare_state,
+            "{mode:?}: SigBlk/SigIgn/SigCgt of the child"
+        );
     }
 }
 
@@ -264,7 +333,11 @@ fn no_drainit_fd_leaks_into_the_child_and_inherited_fds_pass_through() {
         let probe = format!("127.0.0.1:{port}");
         let r = Running::start(mode, &["--probe-addr", &probe, "--", "sleep", "30"]);
         let child = r.child_running("sleep");
-        assert_eq!(fds_of(child), vec![0, 1, 2], "{mode:?}: drainit's own fds are close-on-exec");
+        assert_eq!(
+            fds_of(child),
+            vec![0, 1, 2],
+            "{mode:?}: drainit's own fds are close-on-exec"
+        );
         // Socket activation: fd 3 reaches the child, and drainit lets go of it.
         let r = Running::start_with(Start {
             mode,
@@ -273,11 +346,23 @@ fn no_drainit_fd_leaks_into_the_child_and_inherited_fds_pass_through() {
             env: &[],
         });
         let child = r.child_running("sleep");
-        assert_eq!(fds_of(child), vec![0, 1, 2, 3], "{mode:?}: the inherited fd 3 reaches the child");
+        assert_eq!(
+            fds_of(child),
+            vec![0, 1, 2, 3],
+            "{mode:?}: the inherited fd 3 reaches the child"
+        );
         let held = wait_for(secs(2), || (!fds_of(r.pid).contains(&3)).then_some(()));
-        assert!(held.is_some(), "{mode:?}: drainit still holds inherited fd 3: {:?}", fds_of(r.pid));
+        assert!(
+            held.is_some(),
+            "{mode:?}: drainit still holds inherited fd 3: {:?}",
+            fds_of(r.pid)
+        );
         let cwd = std::fs::read_link(format!("/proc/{}/cwd", r.pid)).unwrap();
-        assert_eq!(cwd, std::path::PathBuf::from("/"), "drainit leaves its directory so it pins no mount");
+        assert_eq!(
+            cwd,
+            std::path::PathBuf::from("/"),
+            "drainit leaves its directory so it pins no mount"
+        );
     }
 }
 
@@ -286,10 +371,21 @@ fn listen_pid_names_the_child_when_it_named_drainit() {
     let r = Running::start_with(Start {
         mode: Mode::Subreaper,
         launch: &["--setenv-pid", "LISTEN_PID"],
-        args: &[OFF, "--", "sh", "-c", "echo \"$$ $LISTEN_PID\" > \"$TMP/pids\"; exec sleep 30"],
+        args: &[
+            OFF,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$$ $LISTEN_PID\" > \"$TMP/pids\"; exec sleep 30",
+        ],
         env: &[("LISTEN_FDS", "0")],
     });
-    let got = wait_for(secs(5), || std::fs::read_to_string(r.path("pids")).ok().filter(|s| s.ends_with('\n'))).unwrap();
+    let got = wait_for(secs(5), || {
+        std::fs::read_to_string(r.path("pids"))
+            .ok()
+            .filter(|s| s.ends_with('\n'))
+    })
+    .unwrap();
     let v: Vec<&str> = got.split_whitespace().collect();
     assert_eq!(v[0], v[1], "LISTEN_PID is the child's pid: {got}");
 }
@@ -329,7 +425,11 @@ open(os.environ["TMP"] + "/zombies", "w").write("%d\n" % zombies())
         assert_eq!(rc, 0, "{}", r.stderr_text());
         let z = std::fs::read_to_string(r.path("zombies")).unwrap();
         assert_eq!(z.trim(), "0", "{mode:?}: zombies left");
-        assert!(num(&r.report(), "orphans_reaped") >= 1000, "{mode:?}: {}", r.report());
+        assert!(
+            num(&r.report(), "orphans_reaped") >= 1000,
+            "{mode:?}: {}",
+            r.report()
+        );
     }
 }
 
@@ -341,12 +441,34 @@ fn leftover_processes_get_term_and_finish_cleanup_before_exit() {
             "NAME=pgrp CLEANUP=0.4 {app} & NAME=setsid CLEANUP=0.4 setsid {app} & \
              until grep -q '^setsid: started' \"$MARK\" && grep -q '^pgrp: started' \"$MARK\"; do sleep 0.02; done; exit 0"
         );
-        let mut r = Running::start(mode, &[OFF, "--pre-drain-delay", "3s", "--drain-timeout", "5s", "--", "sh", "-c", &script]);
+        let mut r = Running::start(
+            mode,
+            &[
+                OFF,
+                "--pre-drain-delay",
+                "3s",
+                "--drain-timeout",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
         let (rc, _) = r.wait(secs(15));
         assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
         for d in ["pgrp", "setsid"] {
-            assert_eq!(r.count(&format!("{d}: got SIGTERM")), 1, "{mode:?}: {}", r.marks());
-            assert!(r.has(&format!("{d}: cleanup done")), "{mode:?}: {d} was killed mid-cleanup: {}", r.marks());
+            assert_eq!(
+                r.count(&format!("{d}: got SIGTERM")),
+                1,
+                "{mode:?}: {}",
+                r.marks()
+            );
+            assert!(
+                r.has(&format!("{d}: cleanup done")),
+                "{mode:?}: {d} was killed mid-cleanup: {}",
+                r.marks()
+            );
         }
         let rep = r.report();
         assert_eq!(text(&rep, "reason"), "child_exited");
@@ -369,9 +491,21 @@ fn not_pid1_never_signals_what_it_did_not_start() {
         .env("DRAINIT_TEST_TMP", tmp.path())
         .spawn()
         .unwrap();
-    wait_for(secs(5), || std::fs::read_to_string(&mark).ok().filter(|s| s.contains("started"))).unwrap();
+    wait_for(secs(5), || {
+        std::fs::read_to_string(&mark)
+            .ok()
+            .filter(|s| s.contains("started"))
+    })
+    .unwrap();
     let app = sigapp("stubborn", &["STUBBORN=1"]);
-    let mut args = vec![OFF, "--pre-drain-delay", "0s", "--drain-timeout", "300ms", "--"];
+    let mut args = vec![
+        OFF,
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "300ms",
+        "--",
+    ];
     args.extend(app.iter().map(String::as_str));
     let mut r = Running::start(Mode::Subreaper, &args);
     r.wait_started(&["stubborn"]);
@@ -379,7 +513,10 @@ fn not_pid1_never_signals_what_it_did_not_start() {
     let (rc, _) = r.wait(secs(5));
     assert_eq!(rc, 2);
     assert!(alive(bystander.id() as i32), "the bystander was killed");
-    assert!(!std::fs::read_to_string(&mark).unwrap().contains("got"), "the bystander got a signal");
+    assert!(
+        !std::fs::read_to_string(&mark).unwrap().contains("got"),
+        "the bystander got a signal"
+    );
     let _ = bystander.kill();
     let _ = bystander.wait();
 }
@@ -387,7 +524,13 @@ fn not_pid1_never_signals_what_it_did_not_start() {
 #[test]
 fn a_closed_stderr_does_not_crash_drainit() {
     let out = std::process::Command::new("sh")
-        .args(["-c", &format!("exec 2>&-; exec {} --probe-addr off -- sh -c 'exit 3'", bin())])
+        .args([
+            "-c",
+            &format!(
+                "exec 2>&-; exec {} --probe-addr off -- sh -c 'exit 3'",
+                bin()
+            ),
+        ])
         .status()
         .unwrap();
     assert_eq!(out.code(), Some(3));
@@ -409,7 +552,10 @@ fn terminal_foreground_group_under_script() {
         .unwrap();
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     assert!(st.status.success(), "{text}");
-    assert!(text.contains("fg=True") && text.contains("leader=True"), "{text}");
+    assert!(
+        text.contains("fg=True") && text.contains("leader=True"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -418,8 +564,28 @@ fn ctrl_c_on_a_terminal_reaches_the_app_not_a_drain() {
     let out = tmp.join("tty.out");
     let app = "import time; print('APP' + ' READY', flush=True); time.sleep(30)";
     let res = std::process::Command::new(python())
-        .args([fixture("pty_run.py").as_str(), "--ctrl-c-after", "APP READY", "--timeout", "10", out.to_str().unwrap(), "--"])
-        .args([python(), fixture("launch.py").as_str(), "--", bin(), OFF, "--pre-drain-delay", "3s", "--", python(), "-c", app])
+        .args([
+            fixture("pty_run.py").as_str(),
+            "--ctrl-c-after",
+            "APP READY",
+            "--timeout",
+            "10",
+            out.to_str().unwrap(),
+            "--",
+        ])
+        .args([
+            python(),
+            fixture("launch.py").as_str(),
+            "--",
+            bin(),
+            OFF,
+            "--pre-drain-delay",
+            "3s",
+            "--",
+            python(),
+            "-c",
+            app,
+        ])
         .env("DRAINIT_TEST_TMP", tmp.path())
         .output()
         .unwrap();

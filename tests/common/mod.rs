@@ -45,7 +45,10 @@ pub struct TmpDir(pub PathBuf);
 impl TmpDir {
     pub fn new(tag: &str) -> TmpDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
         let p = std::env::temp_dir().join(format!(
             "drainit-test-{tag}-{}-{}-{nanos}",
             std::process::id(),
@@ -83,14 +86,20 @@ pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option
 }
 
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// The process is alive and not a zombie.
 pub fn alive(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('X')).unwrap_or('X');
+            let state = s
+                .rsplit_once(") ")
+                .map(|(_, r)| r.chars().next().unwrap_or('X'))
+                .unwrap_or('X');
             state != 'Z' && state != 'X'
         }
         Err(_) => false,
@@ -111,17 +120,29 @@ pub fn children_of(pid: i32) -> Vec<i32> {
 }
 
 pub fn kill(pid: i32, sig: i32) -> bool {
-    Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// `/proc/PID/status` field (e.g. `SigBlk`).
 pub fn status_field(pid: i32, key: &str) -> Option<String> {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix(&format!("{key}:")).map(|v| v.trim().to_string()))
+    s.lines().find_map(|l| {
+        l.strip_prefix(&format!("{key}:"))
+            .map(|v| v.trim().to_string())
+    })
 }
 
 /// Makes `cmd` start with signals 32 and 33 at their default disposition.
@@ -140,7 +161,13 @@ pub fn reset_glibc_signals(cmd: &mut Command) {
         cmd.pre_exec(|| {
             let act = [0u64; 4]; // struct kernel_sigaction { handler = SIG_DFL, flags = 0, restorer = 0, mask = 0 }
             for sig in [32, 33] {
-                libc::syscall(libc::SYS_rt_sigaction, sig, act.as_ptr(), std::ptr::null::<u64>(), 8usize);
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    act.as_ptr(),
+                    std::ptr::null::<u64>(),
+                    8usize,
+                );
             }
             Ok(())
         });
@@ -176,7 +203,12 @@ pub struct Start<'a> {
 impl Running {
     /// Starts drainit with `args` (flags, `--`, command) in `mode`.
     pub fn start(mode: Mode, args: &[&str]) -> Running {
-        Running::start_with(Start { mode, launch: &[], args, env: &[] })
+        Running::start_with(Start {
+            mode,
+            launch: &[],
+            args,
+            env: &[],
+        })
     }
 
     pub fn start_with(s: Start<'_>) -> Running {
@@ -194,14 +226,28 @@ impl Running {
             }
         };
         let launch = fixture("launch.py");
-        let owned: Vec<String> = s.args.iter().map(|a| a.replace("$TMP", tmp.path().to_str().unwrap())).collect();
-        let launch_opts: Vec<String> =
-            s.launch.iter().map(|a| a.replace("$TMP", tmp.path().to_str().unwrap())).collect();
-        cmd.arg(&launch).args(&launch_opts).arg("--").arg(bin()).args(&owned);
+        let owned: Vec<String> = s
+            .args
+            .iter()
+            .map(|a| a.replace("$TMP", tmp.path().to_str().unwrap()))
+            .collect();
+        let launch_opts: Vec<String> = s
+            .launch
+            .iter()
+            .map(|a| a.replace("$TMP", tmp.path().to_str().unwrap()))
+            .collect();
+        cmd.arg(&launch)
+            .args(&launch_opts)
+            .arg("--")
+            .arg(bin())
+            .args(&owned);
         cmd.env("DRAINIT_TEST_TMP", tmp.path())
             .env("MARK", &mark)
             .env("TMP", tmp.path())
-            .env("FIXTURES", format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR")))
+            .env(
+                "FIXTURES",
+                format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR")),
+            )
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout).unwrap())
             .stderr(fs::File::create(&stderr).unwrap());
@@ -213,15 +259,27 @@ impl Running {
         let outer = proc.id() as i32;
         let pid = match s.mode {
             Mode::Subreaper => outer,
-            Mode::Pid1 => wait_for(Duration::from_secs(5), || children_of(outer).first().copied())
-                .expect("unshare did not start a child within 5 s"),
+            Mode::Pid1 => wait_for(Duration::from_secs(5), || {
+                children_of(outer).first().copied()
+            })
+            .expect("unshare did not start a child within 5 s"),
         };
         // Wait until launch.py has exec'd drainit.
         wait_for(Duration::from_secs(10), || {
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
         });
-        Running { mode: s.mode, tmp, proc, pid, mark, stderr, stdout, t0: now_ms(), exit: None }
+        Running {
+            mode: s.mode,
+            tmp,
+            proc,
+            pid,
+            mark,
+            stderr,
+            stdout,
+            t0: now_ms(),
+            exit: None,
+        }
     }
 
     /// Sends `sig` (a number) to drainit and notes the time as T0.
@@ -246,7 +304,11 @@ impl Running {
                 let _ = kill(self.pid, 9);
                 let _ = self.proc.kill();
                 let _ = self.proc.wait();
-                panic!("drainit still running {within:?} after the last event\nstderr:\n{}\nmarks:\n{}", self.stderr_text(), self.marks());
+                panic!(
+                    "drainit still running {within:?} after the last event\nstderr:\n{}\nmarks:\n{}",
+                    self.stderr_text(),
+                    self.marks()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -259,8 +321,13 @@ impl Running {
     /// The exit report: the last non-empty stderr line, as JSON.
     pub fn report(&self) -> Value {
         let text = self.stderr_text();
-        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-        serde_json::from_str(last).unwrap_or_else(|e| panic!("last stderr line is no report ({e}):\n{text}"))
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        serde_json::from_str(last)
+            .unwrap_or_else(|e| panic!("last stderr line is no report ({e}):\n{text}"))
     }
 
     pub fn marks(&self) -> String {
@@ -269,7 +336,11 @@ impl Running {
 
     /// Mark lines starting with `prefix`.
     pub fn lines(&self, prefix: &str) -> Vec<String> {
-        self.marks().lines().filter(|l| l.starts_with(prefix)).map(String::from).collect()
+        self.marks()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect()
     }
 
     pub fn count(&self, prefix: &str) -> usize {
@@ -282,7 +353,12 @@ impl Running {
 
     /// The t= of the first line starting with `prefix`.
     pub fn mark_t(&self, prefix: &str) -> Option<u64> {
-        self.lines(prefix).first()?.rsplit_once(" t=")?.1.parse().ok()
+        self.lines(prefix)
+            .first()?
+            .rsplit_once(" t=")?
+            .1
+            .parse()
+            .ok()
     }
 
     /// Index (line number) of the first line starting with `prefix`.
@@ -292,8 +368,12 @@ impl Running {
 
     /// A `key=value` of NAME's "started" line.
     pub fn field(&self, name: &str, key: &str) -> Option<String> {
-        let line = self.lines(&format!("{name}: started ")).into_iter().next()?;
-        line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}=")).map(String::from))
+        let line = self
+            .lines(&format!("{name}: started "))
+            .into_iter()
+            .next()?;
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")).map(String::from))
     }
 
     /// Waits until every name logged "started".
@@ -316,7 +396,12 @@ impl Running {
             let got = fs::read_to_string(format!("/proc/{c}/comm")).ok()?;
             (got.trim() == comm).then_some(c)
         })
-        .unwrap_or_else(|| panic!("drainit's child {comm} did not appear\nstderr:\n{}", self.stderr_text()))
+        .unwrap_or_else(|| {
+            panic!(
+                "drainit's child {comm} did not appear\nstderr:\n{}",
+                self.stderr_text()
+            )
+        })
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -331,11 +416,15 @@ pub fn kill_marked(dir: &Path) {
         let mut any = false;
         if let Ok(rd) = fs::read_dir("/proc") {
             for e in rd.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
                 if pid == std::process::id() as i32 {
                     continue;
                 }
-                let Ok(env) = fs::read(e.path().join("environ")) else { continue };
+                let Ok(env) = fs::read(e.path().join("environ")) else {
+                    continue;
+                };
                 if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && kill(pid, 9) {
                     any = true;
                 }
@@ -365,7 +454,8 @@ pub fn num(v: &Value, path: &str) -> i64 {
     for k in path.split('.') {
         cur = &cur[k];
     }
-    cur.as_i64().unwrap_or_else(|| panic!("report field {path} is not a number: {v}"))
+    cur.as_i64()
+        .unwrap_or_else(|| panic!("report field {path} is not a number: {v}"))
 }
 
 pub fn text<'a>(v: &'a Value, path: &str) -> &'a str {
@@ -373,7 +463,8 @@ pub fn text<'a>(v: &'a Value, path: &str) -> &'a str {
     for k in path.split('.') {
         cur = &cur[k];
     }
-    cur.as_str().unwrap_or_else(|| panic!("report field {path} is not a string: {v}"))
+    cur.as_str()
+        .unwrap_or_else(|| panic!("report field {path} is not a string: {v}"))
 }
 
 /// The sigapp fixture as a command line: `env NAME=.. [K=V..] python3 sigapp.py`.
