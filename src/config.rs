@@ -268,8 +268,8 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct FileCheck {
     name: Option<String>,
-    tcp: Option<String>,
-    http: Option<String>,
+    tcp: Option<toml::Spanned<String>>,
+    http: Option<toml::Spanned<String>>,
     exec: Option<Vec<String>>,
     file: Option<String>,
     timeout: Option<toml::Spanned<String>>,
@@ -852,28 +852,26 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             let at = |msg: String| {
                 ConfigError::config(format!("{}: [[check]] #{}: {msg}", r.path, i + 1))
             };
-            let kinds: Vec<CheckKind> = [
-                c.tcp
-                    .as_deref()
-                    .map(|v| parse_tcp_target(v).map(CheckKind::Tcp)),
-                c.http
-                    .as_deref()
-                    .map(|v| parse_http_target(v).map(CheckKind::Http)),
-                c.exec.clone().map(|v| {
-                    if v.is_empty() {
-                        Err("exec is an empty command".into())
-                    } else {
-                        Ok(CheckKind::Exec(v))
-                    }
-                }),
-                c.file
-                    .as_deref()
-                    .map(|v| Ok(CheckKind::File(PathBuf::from(v)))),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Result<_, String>>()
-            .map_err(at)?;
+            let mut kinds: Vec<CheckKind> = Vec::new();
+            if let Some(v) = &c.tcp {
+                let t = parse_tcp_target(v.get_ref())
+                    .map_err(|e| r.file_origin("tcp", v.span()).error(&e))?;
+                kinds.push(CheckKind::Tcp(t));
+            }
+            if let Some(v) = &c.http {
+                let u = parse_http_target(v.get_ref())
+                    .map_err(|e| r.file_origin("http", v.span()).error(&e))?;
+                kinds.push(CheckKind::Http(u));
+            }
+            if let Some(v) = &c.exec {
+                if v.is_empty() {
+                    return Err(at("exec is an empty command".into()));
+                }
+                kinds.push(CheckKind::Exec(v.clone()));
+            }
+            if let Some(v) = &c.file {
+                kinds.push(CheckKind::File(PathBuf::from(v)));
+            }
             if kinds.len() != 1 {
                 return Err(at("needs exactly one of tcp, http, exec, file".into()));
             }

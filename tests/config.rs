@@ -1,0 +1,257 @@
+//! Configuration, black box: precedence flag > environment > file > default for each
+//! kind of setting, `--check-config`, and bad input: exit 64 on the command line, 78
+//! in the environment or the file, a message naming the flag, variable or key (with
+//! its line and column), and nothing started.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let out = Command::new(bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn file(tmp: &TmpDir, text: &str) -> String {
+    let p = tmp.join("drainit.toml");
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn precedence_flag_over_env_over_file_over_default() {
+    let tmp = TmpDir::new("prec");
+    let cfg = file(
+        &tmp,
+        "drain_timeout = \"7s\"\nrewrite = [\"TERM:QUIT\"]\nforward_to = \"group\"\n",
+    );
+    let check = |args: &[&str], env: &[(&str, &str)], want: &[&str]| {
+        let mut a = vec!["--check-config"];
+        a.extend_from_slice(args);
+        let o = run(&a, env);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        for w in want {
+            assert!(o.stdout.contains(w), "want {w} in:\n{}", o.stdout);
+        }
+    };
+    check(
+        &[],
+        &[],
+        &[
+            "drain_timeout = \"20s\"",
+            "rewrite = []",
+            "forward_to = \"child\"",
+        ],
+    );
+    check(
+        &["--config", &cfg],
+        &[],
+        &[
+            "drain_timeout = \"7s\"",
+            "rewrite = [\"SIGTERM:SIGQUIT\"]",
+            "forward_to = \"group\"",
+        ],
+    );
+    check(
+        &["--config", &cfg],
+        &[
+            ("DRAINIT_DRAIN_TIMEOUT", "8s"),
+            ("DRAINIT_REWRITE", "HUP:USR1"),
+            ("DRAINIT_FORWARD_TO", "child"),
+        ],
+        &[
+            "drain_timeout = \"8s\"",
+            "rewrite = [\"SIGHUP:SIGUSR1\"]",
+            "forward_to = \"child\"",
+        ],
+    );
+    check(
+        &[
+            "--config",
+            &cfg,
+            "--drain-timeout",
+            "9s",
+            "--rewrite",
+            "INT:0",
+        ],
+        &[
+            ("DRAINIT_DRAIN_TIMEOUT", "8s"),
+            ("DRAINIT_REWRITE", "HUP:USR1"),
+        ],
+        &["drain_timeout = \"9s\"", "rewrite = [\"SIGINT:0\"]"],
+    );
+    // The config file can come from the environment too; plain milliseconds rank
+    // below DRAINIT_* and above the file.
+    check(
+        &[],
+        &[("DRAINIT_CONFIG", &cfg), ("DRAIN_TIMEOUT_MS", "1500")],
+        &["drain_timeout = \"1s 500ms\""],
+    );
+    check(
+        &[],
+        &[
+            ("DRAINIT_CONFIG", &cfg),
+            ("DRAIN_TIMEOUT_MS", "1500"),
+            ("DRAINIT_DRAIN_TIMEOUT", "3s"),
+        ],
+        &["drain_timeout = \"3s\""],
+    );
+}
+
+#[test]
+fn check_config_prints_checks_teardown_and_the_budget_figure_by_figure() {
+    let tmp = TmpDir::new("show");
+    let cfg = file(
+        &tmp,
+        "pre_drain_delay = \"5s\"\ndrain_timeout = \"20s\"\ngrace_period = \"30s\"\n\n[[check]]\nname = \"db\"\nhttp = \"http://user:secret@127.0.0.1:5432/health\"\ntimeout = \"500ms\"\n\n[[teardown]]\nname = \"flush\"\ncommand = [\"sync\"]\ntimeout = \"2s\"\n\n[[teardown]]\ncommand = [\"/bin/true\"]\n",
+    );
+    let o = run(&["--check-config", "--config", &cfg], &[]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains("name = \"db\"") && o.stdout.contains("timeout = \"500ms\""),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        !o.stdout.contains("secret"),
+        "credentials are never printed: {}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("pre-drain delay 5s + drain timeout 20s + teardown 7s (2s + 5s) = 32s of grace period 30s"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stderr.contains("warning"),
+        "a budget that does not fit warns: {}",
+        o.stderr
+    );
+}
+
+#[test]
+fn bad_values_name_their_source_and_start_nothing() {
+    let tmp = TmpDir::new("bad");
+    let witness = tmp.join("started");
+    let touch = format!("touch {}", witness.display());
+    let cmd = ["sh", "-c", touch.as_str()];
+    let expect = |args: &[&str], env: &[(&str, &str)], code: i32, needles: &[&str]| {
+        let mut a = args.to_vec();
+        a.push("--");
+        a.extend_from_slice(&cmd);
+        let o = run(&a, env);
+        assert_eq!(o.code, code, "{args:?} {env:?}: {}", o.stderr);
+        for n in needles {
+            assert!(
+                o.stderr.contains(n),
+                "{args:?} {env:?}: want {n:?} in: {}",
+                o.stderr
+            );
+        }
+        assert!(
+            o.stderr.starts_with("drainit: error:") || o.stderr.contains("error:"),
+            "{}",
+            o.stderr
+        );
+    };
+    // Command line: 64, naming the flag.
+    expect(
+        &["--pre-drain-delay", "5 parsecs"],
+        &[],
+        64,
+        &["--pre-drain-delay", "5 parsecs"],
+    );
+    expect(
+        &["--drain-signal", "TERMINATE"],
+        &[],
+        64,
+        &["--drain-signal", "TERMINATE"],
+    );
+    expect(&["--probe-addr", "localhost"], &[], 64, &["--probe-addr"]);
+    expect(
+        &["--ready-tcp", "127.0.0.1:99999"],
+        &[],
+        64,
+        &["--ready-tcp", "port"],
+    );
+    expect(&["--second-signal", "twice"], &[], 64, &["--second-signal"]);
+    // Environment: 78, naming the variable.
+    expect(
+        &[],
+        &[("DRAINIT_PROBE_ADDR", "nowhere")],
+        78,
+        &["DRAINIT_PROBE_ADDR"],
+    );
+    expect(
+        &[],
+        &[("DRAINIT_DRAIN_SIGNAL", "TERM,BOGUS")],
+        78,
+        &["DRAINIT_DRAIN_SIGNAL", "BOGUS"],
+    );
+    expect(
+        &[],
+        &[("PRE_DRAIN_DELAY_MS", "5s")],
+        78,
+        &["PRE_DRAIN_DELAY_MS"],
+    );
+    // File: 78, naming the key with its line and column.
+    let cases = [
+        (
+            "pre_drain_delay = \"2s\"\ndrain_timeout = \"soon\"\n",
+            &["drain_timeout", ":2:17"][..],
+        ),
+        (
+            "probe_addr = \"off\"\nfrobnicate = true\n",
+            &["frobnicate", ":2:1"][..],
+        ),
+        ("strict_budget = \"yes\"\n", &[":1:17"][..]),
+        (
+            "drain_signal = [\"TERM\", \"NOPE\"]\n",
+            &["drain_signal", ":1:25", "NOPE"][..],
+        ),
+        (
+            "[[check]]\nname = \"app\"\ntcp = \"127.0.0.1:0\"\n",
+            &["tcp", ":3:7"][..],
+        ),
+        (
+            "[[check]]\nname = \"app\"\n",
+            &["exactly one of tcp, http, exec, file"][..],
+        ),
+        (
+            "[[teardown]]\ncommand = [\"x\"]\ntimeout = \"1 fortnight\"\n",
+            &["timeout", ":3:11"][..],
+        ),
+        ("pre_drain_delay = \n", &[":1:"][..]),
+    ];
+    for (text, needles) in cases {
+        let cfg = file(&tmp, text);
+        expect(&["--config", &cfg], &[], 78, needles);
+    }
+    expect(
+        &["--config", "/nonexistent/drainit.toml"],
+        &[],
+        78,
+        &["/nonexistent/drainit.toml", "not found"],
+    );
+    assert!(
+        !witness.exists(),
+        "bad configuration must never start the child"
+    );
+}
