@@ -334,12 +334,23 @@ impl Supervisor {
             if left.is_empty() {
                 break;
             }
+            // Process groups led by a descendant (or the main child's, whose
+            // leader may be gone) also catch what forks between snapshot and kill.
+            let pids: HashSet<i32> = left.iter().map(|p| p.pid).collect();
+            let groups: HashSet<i32> = left
+                .iter()
+                .map(|p| p.pgid)
+                .filter(|g| pids.contains(g) || *g == self.child_pid)
+                .collect();
             for p in left {
                 if !self.ledger.abandoned().iter().any(|a| a.pid == p.pid) {
                     killed += 1;
                 }
                 self.ledger.abandon(p.pid, p.comm.clone());
                 self.send(p.pid, Signal::KILL);
+            }
+            for g in groups {
+                self.send(-g, Signal::KILL);
             }
         }
         if self.is_pid1 {
