@@ -210,6 +210,9 @@ enum Wait {
     Teardown(usize, At),
     /// Teardown step `i` was killed; waiting for its reap.
     TeardownKilled(usize),
+    /// Teardown is over; the final sweep (SIGKILL to whatever a step left
+    /// behind) was asked for and its [`Event::Killed`] is awaited.
+    Sweep,
     /// Done.
     Exited,
 }
@@ -286,7 +289,7 @@ impl Drain {
             Wait::PreDrain => Some(self.timeline.t0? + self.timeline.pre_drain_delay),
             Wait::Descendants => self.timeline.deadline,
             Wait::KillSettle(at) | Wait::Teardown(_, at) => Some(at),
-            Wait::None | Wait::TeardownKilled(_) | Wait::Exited => None,
+            Wait::None | Wait::TeardownKilled(_) | Wait::Sweep | Wait::Exited => None,
         }
     }
 
@@ -330,7 +333,9 @@ impl Drain {
             }
             Event::Killed(n) => {
                 self.abandoned += n;
-                if self.gone && matches!(self.wait, Wait::KillSettle(_)) {
+                if self.wait == Wait::Sweep {
+                    self.exit(&mut out);
+                } else if self.gone && matches!(self.wait, Wait::KillSettle(_)) {
                     self.finish_drain(now, &mut out);
                 }
             }
@@ -349,7 +354,7 @@ impl Drain {
                         // A second signal cut it: the rest is skipped.
                         let n = self.policy.teardown_timeouts.len();
                         self.teardown.resize(n, StepEnd::Skipped);
-                        self.exit(&mut out);
+                        self.end_teardown(&mut out);
                     }
                 }
                 _ => {}
@@ -500,7 +505,20 @@ impl Drain {
                 self.wait = Wait::Teardown(i, now + *t);
                 out.push(Action::StartTeardown(i));
             }
-            None => self.exit(out),
+            None => self.end_teardown(out),
+        }
+    }
+
+    /// After the last teardown step: a step may have left a daemon behind, which
+    /// would otherwise outlive drainit unaccounted for. Sweep (SIGKILL, counted
+    /// abandoned), then exit. Without teardown steps nothing can be left: the drain
+    /// ended because every descendant was gone (or was just killed).
+    fn end_teardown(&mut self, out: &mut Vec<Action>) {
+        if self.policy.teardown_timeouts.is_empty() {
+            self.exit(out);
+        } else {
+            self.wait = Wait::Sweep;
+            out.push(Action::KillAll);
         }
     }
 
@@ -912,6 +930,27 @@ mod tests {
         d
     }
 
+    /// After the last step: the sweep for leftovers, then the exit.
+    fn swept(d: &mut Drain, a: Vec<Action>, killed: usize) -> Vec<Action> {
+        assert_eq!(a, vec![Action::KillAll], "teardown ends with a sweep");
+        d.handle(ms(9999), Event::Killed(killed))
+    }
+
+    #[test]
+    fn a_daemon_left_by_teardown_is_swept_and_abandoned() {
+        let mut d = with_teardown(1);
+        d.handle(ms(5100), Event::DescendantsGone);
+        let a = d.handle(ms(5200), Event::TeardownExited { ok: true });
+        let a = swept(&mut d, a, 1);
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::Abandoned
+            })
+        );
+    }
+
     #[test]
     fn teardown_runs_in_order_after_the_drain() {
         let mut d = with_teardown(2);
@@ -925,6 +964,7 @@ mod tests {
             vec![Action::StartTeardown(1)]
         );
         let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
+        let a = swept(&mut d, a, 0);
         assert_eq!(
             exit_of(&a),
             Some(Outcome {
@@ -943,6 +983,7 @@ mod tests {
             vec![Action::StartTeardown(1)]
         );
         let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
+        let a = swept(&mut d, a, 0);
         assert_eq!(
             exit_of(&a),
             Some(Outcome {
@@ -963,6 +1004,7 @@ mod tests {
             vec![Action::KillTeardown(0)]
         );
         let a = d.handle(ms(6110), Event::TeardownExited { ok: false });
+        let a = swept(&mut d, a, 0);
         assert_eq!(
             exit_of(&a),
             Some(Outcome {
@@ -980,6 +1022,7 @@ mod tests {
         d.handle(ms(5200), Event::TeardownExited { ok: true });
         assert_eq!(d.handle(ms(5300), TERM), vec![Action::KillTeardown(1)]);
         let a = d.handle(ms(5310), Event::TeardownExited { ok: false });
+        let a = swept(&mut d, a, 0);
         assert_eq!(exit_of(&a).unwrap().code, 2);
         assert_eq!(d.teardown(), &[StepEnd::Ok, StepEnd::Cut, StepEnd::Skipped]);
     }
@@ -996,6 +1039,7 @@ mod tests {
                 vec![Action::StartTeardown(0)]
             );
             let a = d.handle(ms(2), Event::TeardownExited { ok: false });
+            let a = swept(&mut d, a, 0);
             assert_eq!(exit_of(&a).unwrap().code, code);
         }
     }

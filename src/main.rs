@@ -56,7 +56,7 @@ fn run() -> i32 {
             return EXIT_INTERNAL;
         }
     };
-    let cfg = match config::load_from(std::env::args_os().collect(), &ProcessEnv) {
+    let mut cfg = match config::load_from(std::env::args_os().collect(), &ProcessEnv) {
         Ok(c) => c,
         Err(e) if e.code == 0 => {
             let _ = std::io::stdout().write_all(e.message.as_bytes());
@@ -70,6 +70,7 @@ fn run() -> i32 {
         }
     };
     logging::init(cfg.log_format, cfg.log_level);
+    anchor_paths(&mut cfg);
     if cfg.check_config {
         let _ = std::io::stdout().write_all(cfg.render().as_bytes());
         let budget = cfg.budget();
@@ -221,6 +222,24 @@ fn child_spec(cfg: &config::Config, notify_env: Vec<(OsString, OsString)>) -> Ch
 
 /// After the spawn: close the inherited fds (the child has its copies) and leave
 /// the working directory, so drainit never holds a socket open or pins a mount.
+/// drainit moves to `/` after the spawn (it must pin no mount), so every relative
+/// path it uses later is anchored now to the directory it was started in: the
+/// report file, file checks, and the directory exec checks and teardown steps run in.
+fn anchor_paths(cfg: &mut config::Config) {
+    let Ok(cwd) = std::env::current_dir() else {
+        return;
+    };
+    if let Some(p) = cfg.report_file.as_mut() {
+        *p = cwd.join(&*p);
+    }
+    for c in &mut cfg.checks {
+        if let config::CheckKind::File(p) = &mut c.kind {
+            *p = cwd.join(&*p);
+        }
+    }
+    spawn::remember_start_dir(cwd);
+}
+
 fn hold_nothing(inherited: &[i32]) {
     for &fd in inherited {
         let _ = nix::unistd::close(fd);

@@ -389,7 +389,11 @@ fn random() -> u64 {
 /// ignore (truncated, or without credentials). Any fds passed along (`FDSTORE=1`)
 /// are closed: drainit keeps no fd of the app's.
 fn receive(fd: i32, buf: &mut [u8]) -> io::Result<Option<(i32, usize)>> {
-    let mut cmsg = nix::cmsg_space!(libc::ucred, [i32; 8]);
+    // Room for the credentials and SCM_MAX_FD (253) descriptors, the most the
+    // kernel passes in one datagram: a control message is then never truncated
+    // (MSG_CTRUNC would make nix refuse to list it, and the fds the kernel did
+    // install would leak into drainit). Every fd received is closed below.
+    let mut cmsg = nix::cmsg_space!(libc::ucred, [i32; 253]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<UnixAddr>(
         fd,

@@ -104,6 +104,7 @@ pub async fn serve(
     };
     // Live connections by accept order: the first entry is the oldest.
     let open: Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>> = Rc::default();
+    let cap = connection_cap();
     let mut next_id = 0u64;
     loop {
         let (stream, _) = match listener.accept().await {
@@ -115,10 +116,10 @@ pub async fn serve(
                 continue;
             }
         };
-        if open.borrow().len() >= MAX_CONNECTIONS
+        if open.borrow().len() >= cap
             && let Some((_, oldest)) = open.borrow_mut().pop_first()
         {
-            log::debug!("probe connections at the cap of {MAX_CONNECTIONS}: closing the oldest");
+            log::debug!("probe connections at the cap of {cap}: closing the oldest");
             oldest.abort();
         }
         let _ = stream.set_nodelay(true);
@@ -150,6 +151,18 @@ pub async fn serve(
 
 /// Removes its connection from the live set when the connection's task ends,
 /// finished, aborted or panicked.
+/// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`: probe connections
+/// may take at most half of the descriptors left after a reserve of 32, so that
+/// reading `/proc`, the notify socket and teardown steps never run out of fds
+/// because of probe traffic (a drain must not see an unreadable process table).
+pub fn connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    let budget = (soft.saturating_sub(32) / 2) as usize;
+    budget.clamp(1, MAX_CONNECTIONS)
+}
+
 struct OpenGuard(Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>>, u64);
 impl Drop for OpenGuard {
     fn drop(&mut self) {

@@ -54,22 +54,38 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
     })
 }
 
+/// Whether a `/proc` read failed only because the process is gone (it exited
+/// between the listing and the read): `ENOENT`, `ESRCH`.
+fn vanished(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// `/proc/PID/stat`, parsed; `Ok(None)` when the process is gone.
+fn stat(pid: &str) -> std::io::Result<Option<Proc>> {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => Ok(parse_stat(&text)),
+        Err(e) if vanished(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Every process in this `/proc` (this PID namespace's view).
-pub fn all() -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let name = e.file_name();
-        let name = name.to_str()?;
+///
+/// # Errors
+/// `/proc` could not be read (out of file descriptors, no `/proc` mounted).
+pub fn all() -> std::io::Result<Vec<Proc>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc")? {
+        let name = e?.file_name();
+        let Some(name) = name.to_str() else { continue };
         if !name.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
+            continue;
         }
-        let text = std::fs::read_to_string(format!("/proc/{name}/stat")).ok()?;
-        parse_stat(&text)
-    })
-    .collect()
+        if let Some(p) = stat(name)? {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 /// The live descendants of `root` (zombies excluded, but searched through), leaving
@@ -80,49 +96,62 @@ pub fn all() -> Vec<Proc> {
 /// size of drainit's tree, not of the host's process table (drainit not PID 1 on a
 /// busy host); falls back to scanning all of `/proc` on kernels without
 /// `CONFIG_PROC_CHILDREN`.
-pub fn descendants(root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
-    walk(root, exclude).unwrap_or_else(|| descendants_in(all(), root, exclude))
+///
+/// # Errors
+/// `/proc` could not be read (`EMFILE`, …). Callers must then not conclude that no
+/// descendant is left: an unreadable table is not an empty one.
+pub fn descendants(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
+    match walk(root, exclude)? {
+        Some(v) => Ok(v),
+        None => Ok(descendants_in(all()?, root, exclude)),
+    }
 }
 
-/// The pids listed in `/proc/PID/task/*/children`; `None` when the kernel has no
-/// such file.
-fn children(pid: i32) -> Option<Vec<i32>> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+/// The pids listed in `/proc/PID/task/*/children`; `Ok(None)` when the kernel has
+/// no such file; an empty list when the process is gone.
+fn children(pid: i32) -> std::io::Result<Option<Vec<i32>>> {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        Err(e) if vanished(&e) => return Ok(Some(Vec::new())),
+        Err(e) => return Err(e),
+    };
     let mut out = Vec::new();
     let mut any = false;
-    for t in tasks.flatten() {
-        if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-            any = true;
-            out.extend(
-                text.split_ascii_whitespace()
-                    .filter_map(|w| w.parse::<i32>().ok()),
-            );
+    for t in tasks {
+        match std::fs::read_to_string(t?.path().join("children")) {
+            Ok(text) => {
+                any = true;
+                out.extend(
+                    text.split_ascii_whitespace()
+                        .filter_map(|w| w.parse::<i32>().ok()),
+                );
+            }
+            Err(e) if vanished(&e) => {}
+            Err(e) => return Err(e),
         }
     }
-    any.then_some(out)
+    Ok(any.then_some(out))
 }
 
-fn walk(root: i32, exclude: &HashSet<i32>) -> Option<Vec<Proc>> {
-    let mut stack = children(root)?;
+fn walk(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Option<Vec<Proc>>> {
+    let Some(mut stack) = children(root)? else {
+        return Ok(None);
+    };
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     while let Some(pid) = stack.pop() {
         if exclude.contains(&pid) || !seen.insert(pid) {
             continue;
         }
-        // Gone since its parent was read: nothing to do for it.
-        let Some(p) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|t| parse_stat(&t))
-        else {
+        let Some(p) = stat(&pid.to_string())? else {
             continue;
         };
-        stack.extend(children(pid).unwrap_or_default());
+        stack.extend(children(pid)?.unwrap_or_default());
         if !p.zombie {
             out.push(p);
         }
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 /// [`descendants`] over a given table (for tests).
@@ -211,7 +240,7 @@ mod tests {
     #[test]
     fn reads_this_process_tree() {
         let me = std::process::id() as i32;
-        assert!(all().iter().any(|p| p.pid == me));
+        assert!(all().unwrap().iter().any(|p| p.pid == me));
         // The walk and the full scan agree on a real tree.
         let mut child = std::process::Command::new("sleep")
             .arg("5")
@@ -219,10 +248,11 @@ mod tests {
             .unwrap();
         let pid = child.id() as i32;
         let walked: Vec<i32> = descendants(me, &HashSet::new())
+            .unwrap()
             .iter()
             .map(|p| p.pid)
             .collect();
-        let scanned: Vec<i32> = descendants_in(all(), me, &HashSet::new())
+        let scanned: Vec<i32> = descendants_in(all().unwrap(), me, &HashSet::new())
             .iter()
             .map(|p| p.pid)
             .collect();

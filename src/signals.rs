@@ -247,7 +247,19 @@ pub fn block_caught() -> std::io::Result<InheritedMask> {
     let mut old = SigSet::empty();
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&caught_set()), Some(&mut old))
         .map_err(std::io::Error::from)?;
+    let _ = INHERITED.set(InheritedMask(old));
     Ok(InheritedMask(old))
+}
+
+static INHERITED: std::sync::OnceLock<InheritedMask> = std::sync::OnceLock::new();
+
+/// The mask [`block_caught`] found (empty if it never ran): what every process
+/// drainit starts, helpers included, gets back before `exec`.
+pub fn inherited_mask() -> InheritedMask {
+    INHERITED
+        .get()
+        .copied()
+        .unwrap_or(InheritedMask(SigSet::empty()))
 }
 
 #[allow(unsafe_code)]
@@ -266,7 +278,10 @@ const BATCH: usize = 16;
 /// `ssi_signo` (u32 at offset 0) and `ssi_pid` (u32 at offset 12) of one record.
 fn parse_siginfo(rec: &[u8]) -> Received {
     let u32_at = |o: usize| u32::from_ne_bytes([rec[o], rec[o + 1], rec[o + 2], rec[o + 3]]);
-    Received { signal: Signal(u32_at(0) as i32), sender: u32_at(12) as i32 }
+    Received {
+        signal: Signal(u32_at(0) as i32),
+        sender: u32_at(12) as i32,
+    }
 }
 
 /// The stream of received signals, read from a signalfd registered with tokio.

@@ -244,9 +244,20 @@ pub enum HelperOutput {
     Inherit,
 }
 
+static START_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Records the directory drainit was started in, before it moves to `/`: helpers
+/// run there, so relative commands and paths in `--teardown` and `--ready-exec`
+/// mean what they meant on the command line.
+pub fn remember_start_dir(dir: std::path::PathBuf) {
+    let _ = START_DIR.set(dir);
+}
+
 /// Spawns one of drainit's own helpers (an exec check, a teardown step) in a process
-/// group of its own, stdin from /dev/null, with an empty signal mask (std's
-/// default). The caller registers the pid with the reaper in the same step.
+/// group of its own, in the directory drainit started in, stdin from /dev/null,
+/// with the signal mask drainit inherited (not drainit's own, which blocks nearly
+/// everything: a helper must die of SIGTERM like any program). The caller registers
+/// the pid with the reaper in the same step.
 ///
 /// # Errors
 /// The spawn failed (not found, permission denied …).
@@ -255,13 +266,25 @@ pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
         HelperOutput::Null => (Stdio::null(), Stdio::null()),
         HelperOutput::Inherit => (Stdio::inherit(), Stdio::inherit()),
     };
-    let child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mask = crate::signals::inherited_mask().0;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0)
-        .env_remove("NOTIFY_SOCKET")
-        .spawn()?;
+        .env_remove("NOTIFY_SOCKET");
+    if let Some(dir) = START_DIR.get() {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: runs between fork and exec; pthread_sigmask is async-signal-safe and
+    // reads only the copied `mask`.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&mask), None).map_err(io::Error::from)
+        });
+    }
+    let child = cmd.spawn()?;
     Ok(child.id() as i32)
 }

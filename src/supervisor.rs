@@ -60,8 +60,6 @@ pub struct Supervisor {
     ledger: Ledger,
     /// Processes that got the drain signal from drainit: `(pid, start)`.
     signalled: HashSet<(i32, u64)>,
-    /// The signal leftovers get, once the main child is gone.
-    remaining_signal: Option<Signal>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
@@ -127,7 +125,6 @@ impl Supervisor {
             epoch: Instant::now(),
             ledger: Ledger::default(),
             signalled: HashSet::new(),
-            remaining_signal: None,
             queue,
             ready_rx,
             step: None,
@@ -225,8 +222,16 @@ impl Supervisor {
         self.reaper.borrow().helpers().collect()
     }
 
-    fn descendants(&self) -> Vec<procs::Proc> {
-        procs::descendants(self.me, &self.helpers())
+    /// The live descendants, or `None` when `/proc` could not be read (logged):
+    /// then nothing may be concluded, least of all that none is left.
+    fn descendants(&self) -> Option<Vec<procs::Proc>> {
+        match procs::descendants(self.me, &self.helpers()) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                log::error!("reading /proc to find descendants failed: {e}");
+                None
+            }
+        }
     }
 
     fn forward_target(&self) -> i32 {
@@ -254,7 +259,7 @@ impl Supervisor {
                 }
             }
             Action::SampleInFlight => {
-                let alive = self.descendants();
+                let alive = self.descendants().unwrap_or_default();
                 self.ledger.sample(alive.iter().map(procs::Proc::id));
                 let t = self.drain.timeline();
                 match self.drain.drain_signal() {
@@ -268,11 +273,9 @@ impl Supervisor {
                                 .saturating_sub(t.t0.unwrap_or_default())
                         )
                     ),
+                    None if alive.is_empty() => {}
                     None => log::info!(
-                        "the main child exited ({}); {} other process(es) left get {} to finish",
-                        self.drain
-                            .child_exit()
-                            .map_or("?".to_string(), describe_exit),
+                        "no drain signal: the {} process(es) left get the drain signal and {} to finish",
                         alive.len(),
                         checks::fmt_ms(self.cfg.drain_timeout)
                     ),
@@ -280,7 +283,7 @@ impl Supervisor {
             }
             Action::ForwardDrain(sig) => {
                 let target = self.forward_target();
-                for p in self.descendants() {
+                for p in self.descendants().unwrap_or_default() {
                     if p.pid == self.child_pid || (target < 0 && p.pgid == self.child_pid) {
                         self.signalled.insert(p.id());
                     }
@@ -293,8 +296,7 @@ impl Supervisor {
                 self.send(target, sig);
             }
             Action::SignalRemaining(sig) => {
-                self.remaining_signal = Some(sig);
-                self.signal_remaining();
+                self.signal_remaining(sig);
             }
             Action::KillAll => self.kill_all(),
             Action::StartTeardown(i) => self.start_step(i),
@@ -313,12 +315,15 @@ impl Supervisor {
         }
     }
 
-    /// Every descendant not yet signalled by drainit gets the leftover signal.
-    fn signal_remaining(&mut self) {
-        let Some(sig) = self.remaining_signal else {
-            return;
-        };
-        for p in self.descendants() {
+    /// Every descendant alive now and not yet signalled by drainit gets the
+    /// leftover signal. Called once, when the main child is gone (or at the
+    /// forward, if it went during the pre-drain delay): processes created later
+    /// were started by a process already draining (a cleanup hook's `curl`, a
+    /// trap's `sleep`) and are part of its drain, so they are waited for, not
+    /// signalled, and SIGKILLed only at the deadline.
+    fn signal_remaining(&mut self, sig: Signal) {
+        // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
+        for p in self.descendants().unwrap_or_default() {
             if self.signalled.insert(p.id()) {
                 log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
                 self.send(p.pid, sig);
@@ -330,7 +335,20 @@ impl Supervisor {
         let mut killed = 0;
         // A few rounds: a process may fork between the snapshot and its SIGKILL.
         for _ in 0..3 {
-            let left = self.descendants();
+            let Some(left) = self.descendants() else {
+                // Unreadable /proc: what can still be reached is the main child
+                // and its group (and, as PID 1, everything, below).
+                if self.child_alive {
+                    self.ledger.abandon(
+                        self.child_pid,
+                        procs::comm(self.child_pid).unwrap_or_default(),
+                    );
+                    killed += 1;
+                    self.send(self.child_pid, Signal::KILL);
+                }
+                self.send(-self.child_pid, Signal::KILL);
+                break;
+            };
             if left.is_empty() {
                 break;
             }
@@ -347,6 +365,8 @@ impl Supervisor {
                     killed += 1;
                 }
                 self.ledger.abandon(p.pid, p.comm.clone());
+                // Killed: it gets no drain signal after this.
+                self.signalled.insert(p.id());
                 self.send(p.pid, Signal::KILL);
             }
             for g in groups {
@@ -428,21 +448,30 @@ impl Supervisor {
             self.queue.push_back(Event::ChildExited(exit));
             self.process();
         }
-        if self.drain.waits_for_descendants() {
-            // New processes spawned during the drain get the signal too (once each).
-            if self.drain.timeline().forwarded_at.is_some() {
-                self.signal_remaining();
-            }
-            if round.none_left || self.descendants().is_empty() {
-                self.queue.push_back(Event::DescendantsGone);
-            }
+        self.check_descendants(round.none_left);
+    }
+
+    /// While the drain waits for descendants: notice when none is left.
+    /// `none_left`: the reaper saw `ECHILD`, conclusive without reading `/proc`.
+    ///
+    /// Checking on SIGCHLD is enough: the last descendant to end is always a child
+    /// of drainit (its parent is gone, so it was re-parented to drainit), and its
+    /// end raises SIGCHLD here. No timer is needed.
+    fn check_descendants(&mut self, none_left: bool) {
+        if !self.drain.waits_for_descendants() {
+            return;
+        }
+        if none_left || self.descendants().is_some_and(|v| v.is_empty()) {
+            self.queue.push_back(Event::DescendantsGone);
         }
     }
 
     fn report(&mut self) -> Report {
         let outcome = self.outcome.expect("run() returns only after Exit");
-        let alive: HashSet<(i32, u64)> = self.descendants().iter().map(procs::Proc::id).collect();
-        self.ledger.settle(&alive);
+        if let Some(alive) = self.descendants() {
+            let alive: HashSet<(i32, u64)> = alive.iter().map(procs::Proc::id).collect();
+            self.ledger.settle(&alive);
+        }
         let timeouts: Vec<Duration> = self.cfg.teardown.iter().map(|t| t.timeout).collect();
         let teardown: Vec<TeardownJson> = self
             .drain

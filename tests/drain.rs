@@ -587,3 +587,207 @@ fn budget_is_logged_and_strict_budget_refuses_what_does_not_fit() {
         "{text}"
     );
 }
+
+#[test]
+fn a_process_started_by_a_cleanup_hook_is_part_of_the_drain_not_signalled() {
+    // The worker's TERM trap runs a 0.6 s helper (`sleep`) created after the main
+    // child exited: drainit must wait for it, not signal it.
+    let worker = "trap 'sleep 0.6; echo \"worker: cleanup done\" >> \"$MARK\"; exit 0' TERM; while :; do sleep 0.05; done";
+    let script = format!("sh -c '{}' & exec sleep 30", worker.replace('\'', "'\\''"));
+    let sh = vec!["sh".to_string(), "-c".into(), script];
+    for mode in BOTH {
+        let mut r = Running::start(
+            mode,
+            &cmd(
+                &[OFF, "--pre-drain-delay", "0s", "--drain-timeout", "5s"],
+                &sh,
+            ),
+        );
+        r.child_running("sleep");
+        std::thread::sleep(Duration::from_millis(200));
+        r.signal(libc::SIGTERM);
+        let (rc, elapsed) = r.wait(secs(8));
+        assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
+        assert!(
+            r.has("worker: cleanup done"),
+            "{mode:?}: the hook's helper was killed: {}",
+            r.stderr_text()
+        );
+        assert!(elapsed >= 600, "{elapsed}");
+        assert_eq!(text(&r.report(), "reason"), "drained");
+    }
+}
+
+#[test]
+fn teardown_steps_run_in_the_start_directory_with_the_inherited_mask_and_leftovers_are_swept() {
+    let tmp = TmpDir::new("tdir");
+    std::fs::write(
+        tmp.join("step.sh"),
+        "#!/bin/sh\necho \"step: ran in $(pwd)\" >> \"$MARK\"\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", tmp.join("step.sh").to_str().unwrap()])
+        .status()
+        .unwrap();
+    // A step that dies of its own SIGTERM (it must not start with it blocked), and
+    // one that leaves a daemon behind.
+    let suicide = format!(
+        "{} -c 'import os, signal; os.kill(os.getpid(), signal.SIGTERM)'",
+        python()
+    );
+    let app = sigapp("app", &["CLEANUP=0.05"]);
+    let flags = [
+        OFF,
+        "--pre-drain-delay",
+        "0s",
+        "--report-file",
+        "report.json",
+        "--teardown",
+        "./step.sh",
+        "--teardown",
+        &suicide,
+        "--teardown",
+        "sh -c 'setsid sleep 60 & exit 0'",
+    ];
+    let mut args = vec![
+        python().to_string(),
+        fixture("launch.py"),
+        "--".into(),
+        bin().into(),
+    ];
+    args.extend(cmd(&flags, &app).iter().map(|s| s.to_string()));
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg("cd \"$1\" && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(tmp.path())
+        .args(&args);
+    let mark = tmp.join("mark");
+    std::fs::write(&mark, "").unwrap();
+    c.env("MARK", &mark).env("DRAINIT_TEST_TMP", tmp.path());
+    let mut child = c.spawn().unwrap();
+    wait_for(secs(10), || {
+        std::fs::read_to_string(&mark)
+            .ok()
+            .filter(|m| m.contains("app: started"))
+    })
+    .unwrap();
+    kill(child.id() as i32, libc::SIGTERM);
+    let status = wait_for(secs(10), || child.try_wait().unwrap()).expect("drainit exits");
+    kill_marked(tmp.path());
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "a daemon left by teardown is abandoned work"
+    );
+    let marks = std::fs::read_to_string(&mark).unwrap();
+    assert!(
+        marks.contains(&format!("step: ran in {}", tmp.path().display())),
+        "{marks}"
+    );
+    let rep: Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep["teardown"][0]["ok"], true);
+    assert_eq!(rep["teardown"][1]["error"], "killed by SIGTERM");
+    assert_eq!(rep["abandoned"].as_array().unwrap().len(), 1, "{rep}");
+}
+
+#[test]
+fn a_probe_flood_at_a_low_fd_limit_never_fakes_a_drain() {
+    // With RLIMIT_NOFILE 40, 60 idle probe connections must not leave drainit
+    // unable to read /proc (which would look like "nothing left").
+    let probe = free_port();
+    let tmp = TmpDir::new("nofile");
+    let worker = tmp.join("worker.sh");
+    std::fs::write(
+        &worker,
+        "trap 'sleep 1; exit 0' TERM\nwhile :; do sleep 0.05; done\n",
+    )
+    .unwrap();
+    let script = format!(
+        "ulimit -n 40; exec {} --probe-addr 127.0.0.1:{probe} --pre-drain-delay 0s --drain-timeout 5s -- sh -c 'sh {} & exec sleep 30'",
+        bin(),
+        worker.display()
+    );
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg(&script)
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .stderr(std::fs::File::create(tmp.join("err")).unwrap());
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    wait_for(secs(5), || TcpStream::connect(("127.0.0.1", probe)).ok()).expect("probe up");
+    wait_for(secs(5), || {
+        (children_of(pid).len() == 1 && children_of(children_of(pid)[0]).len() >= 2).then_some(())
+    });
+    let conns: Vec<TcpStream> = (0..60)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", probe)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    kill(pid, libc::SIGTERM);
+    let status = wait_for(secs(10), || child.try_wait().unwrap()).expect("drainit exits");
+    let elapsed = t0.elapsed();
+    drop(conns);
+    kill_marked(tmp.path());
+    let err = std::fs::read_to_string(tmp.join("err")).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        elapsed >= Duration::from_millis(1000),
+        "the worker's 1 s cleanup was not waited for ({elapsed:?}): {err}"
+    );
+    let rep: Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+    assert!(num(&rep, "drain.in_flight_at_start") >= 3, "{rep}");
+}
+
+#[test]
+fn fds_passed_over_the_notify_socket_never_stay_in_drainit() {
+    // 10 datagrams carrying 9 descriptors each: drainit must close every one.
+    let app = r#"
+import array, os, socket, time
+addr = os.environ["NOTIFY_SOCKET"]
+if addr.startswith("@"):
+    addr = "\0" + addr[1:]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(9)]
+for _ in range(10):
+    s.sendmsg([b"STATUS=fds"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))], 0, addr)
+s.sendmsg([b"READY=1"], [], 0, addr)
+open(os.environ["MARK"], "a").write("app: sent\n")
+time.sleep(30)
+"#;
+    let probe = free_port().to_string();
+    let p = format!("127.0.0.1:{probe}");
+    let r = Running::start(
+        Mode::Subreaper,
+        &[
+            "--probe-addr",
+            &p,
+            "--ready-notify",
+            "--",
+            python(),
+            "-c",
+            app,
+        ],
+    );
+    assert!(r.wait_mark("app: sent", secs(5)), "{}", r.stderr_text());
+    let ready = wait_for(secs(5), || {
+        let mut s = TcpStream::connect(("127.0.0.1", probe.parse::<u16>().unwrap())).ok()?;
+        let _ = write!(s, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut b = String::new();
+        let _ = s.read_to_string(&mut b);
+        b.starts_with("HTTP/1.1 200").then_some(())
+    });
+    assert!(
+        ready.is_some(),
+        "READY=1 after the fd-carrying datagrams was not seen"
+    );
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", r.pid))
+        .unwrap()
+        .count();
+    assert!(
+        fds < 20,
+        "drainit holds {fds} fds: passed descriptors leaked"
+    );
+}
