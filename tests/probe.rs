@@ -699,7 +699,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             use nix::sys::signal::{Signal, kill};
-            for p in drainit::procs::descendants(self.pid(), &HashSet::new()) {
+            for p in drainit::procs::descendants(self.pid(), &HashSet::new()).unwrap_or_default() {
                 let _ = kill(nix::unistd::Pid::from_raw(p.pid), Signal::SIGKILL);
             }
             let _ = self.child.kill();
