@@ -16,12 +16,19 @@ fn example(name: &str) -> String {
 #[test]
 fn exit_codes_script_passes() {
     let out = Command::new("sh")
-        .arg(format!("{}/examples/exit-codes.sh", env!("CARGO_MANIFEST_DIR")))
+        .arg(format!(
+            "{}/examples/exit-codes.sh",
+            env!("CARGO_MANIFEST_DIR")
+        ))
         .arg(bin())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains(" passed, 0 failed"), "{text}");
 }
 
@@ -40,22 +47,59 @@ fn kubernetes_example_flags_fit_its_grace_period() {
         .lines()
         .skip_while(|l| l.trim() != "args:")
         .skip(1)
-        .map(|l| l.split(" #").next().unwrap().trim().trim_start_matches("- ").trim().to_string())
+        .map(|l| {
+            l.split(" #")
+                .next()
+                .unwrap()
+                .trim()
+                .trim_start_matches("- ")
+                .trim()
+                .to_string()
+        })
         .take_while(|a| a != "--")
         .collect();
-    assert!(args.iter().any(|a| a == &format!("--grace-period={grace}s")), "{args:?}");
+    assert!(
+        args.iter()
+            .any(|a| a == &format!("--grace-period={grace}s")),
+        "{args:?}"
+    );
     assert!(args.iter().any(|a| a == "--strict-budget"), "{args:?}");
-    let out = Command::new(bin()).arg("--check-config").args(&args).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin())
+        .arg("--check-config")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("of grace period {grace}s (")));
 }
 
 #[test]
 fn systemd_example_flags_are_valid() {
     let unit = example("drainit.service");
-    let exec = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart");
     let words = shell_words::split(exec).unwrap();
-    let flags: Vec<&str> = words[1..].iter().map(String::as_str).take_while(|w| *w != "--").collect();
-    let out = Command::new(bin()).arg("--check-config").args(&flags).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let flags: Vec<&str> = words[1..]
+        .iter()
+        .map(String::as_str)
+        .take_while(|w| *w != "--")
+        .collect();
+    let out = Command::new(bin())
+        .arg("--check-config")
+        .args(&flags)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
