@@ -11,6 +11,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
+# cargo puts the binary under $CARGO_TARGET_DIR when it is set.
+DRAINIT=${CARGO_TARGET_DIR:-target}/release/drainit
 APP=${APP_PORT:-18080}; PROBE=${PROBE_PORT:-18079}
 get() { python3 -c 'import sys, urllib.request as u
 try:
@@ -20,13 +22,18 @@ except u.HTTPError as e:
 except Exception as e:
     print("000", type(e).__name__)' "$1"; }
 
-./target/release/drainit --probe-addr "127.0.0.1:$PROBE" --ready-tcp "127.0.0.1:$APP" \
+"$DRAINIT" --probe-addr "127.0.0.1:$PROBE" --ready-tcp "127.0.0.1:$APP" \
   --pre-drain-delay 2s --drain-timeout 5s --report-file /tmp/drainit-report.json \
   -- python3 -m http.server "$APP" --bind 127.0.0.1 2>/tmp/drainit-quickstart.err &
 PID=$!
 trap 'kill -KILL $PID 2>/dev/null || true' EXIT
 echo "drainit pid $PID; /readyz right away: $(get http://127.0.0.1:$PROBE/readyz)"
 i=0; until [ "$(get http://127.0.0.1:$PROBE/readyz | cut -c1-3)" = 200 ]; do
+  # drainit gone (a taken port, a bad flag): say why at once instead of waiting.
+  kill -0 $PID 2>/dev/null || {
+    rc=0; wait $PID || rc=$?; trap - EXIT
+    echo "drainit exited $rc before it was ready:"; cat /tmp/drainit-quickstart.err; exit 1
+  }
   i=$((i + 1)); [ $i -gt 100 ] && { echo "never ready"; cat /tmp/drainit-quickstart.err; exit 1; }; sleep 0.1
 done
 echo "ready:            /readyz $(get http://127.0.0.1:$PROBE/readyz)"

@@ -112,7 +112,7 @@ pub struct Cli {
     /// Timeout of each teardown step [default: 5s]
     #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
     pub teardown_timeout: Option<String>,
-    /// Also write the exit report (JSON) to PATH, atomically
+    /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
     #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
     pub report_file: Option<String>,
     /// TOML configuration file (keys as the flags, snake_case)
@@ -247,7 +247,7 @@ struct FileConfig {
     drain_timeout: Option<toml::Spanned<String>>,
     grace_period: Option<toml::Spanned<String>>,
     strict_budget: Option<bool>,
-    drain_signal: Option<Vec<toml::Spanned<String>>>,
+    drain_signal: Option<toml::Spanned<Vec<toml::Spanned<String>>>>,
     second_signal: Option<toml::Spanned<String>>,
     forward_to: Option<toml::Spanned<String>>,
     rewrite: Option<Vec<toml::Spanned<String>>>,
@@ -255,13 +255,14 @@ struct FileConfig {
     check_timeout: Option<toml::Spanned<String>>,
     ready_interval: Option<toml::Spanned<String>>,
     teardown_timeout: Option<toml::Spanned<String>>,
-    report_file: Option<String>,
+    report_file: Option<toml::Spanned<String>>,
     log_format: Option<toml::Spanned<String>>,
     log_level: Option<toml::Spanned<String>>,
+    /// Spanned, so that an error about a whole entry has a line and column.
     #[serde(default)]
-    check: Vec<FileCheck>,
+    check: Vec<toml::Spanned<FileCheck>>,
     #[serde(default)]
-    teardown: Vec<FileTeardown>,
+    teardown: Vec<toml::Spanned<FileTeardown>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -271,7 +272,7 @@ struct FileCheck {
     tcp: Option<toml::Spanned<String>>,
     http: Option<toml::Spanned<String>>,
     exec: Option<Vec<String>>,
-    file: Option<String>,
+    file: Option<toml::Spanned<String>>,
     timeout: Option<toml::Spanned<String>>,
 }
 
@@ -329,18 +330,30 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// The longest duration any setting accepts: 7 days. Far beyond any grace period a
+/// platform grants, and small enough that sums and `Instant` arithmetic never
+/// overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
 /// Parses a duration as written on the command line: `500ms`, `5s`, `1m`, `1m30s`,
 /// or `0`. Uses humantime's grammar.
 ///
 /// # Errors
-/// A message quoting the value.
+/// A message quoting the value when it is no duration or longer than
+/// [`MAX_DURATION`] (7 days).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("'{s}' is not a duration like 500ms, 5s or 1m ({e})"))
+    let d = humantime::parse_duration(t)
+        .map_err(|e| format!("'{s}' is not a duration like 500ms, 5s or 1m ({e})"))?;
+    at_most_max(d).map_err(|max| format!("'{s}' is too long: at most {max}"))
+}
+
+/// `d` when it is at most [`MAX_DURATION`], else the maximum as text (`7d`).
+fn at_most_max(d: Duration) -> Result<Duration, &'static str> {
+    if d <= MAX_DURATION { Ok(d) } else { Err("7d") }
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -379,7 +392,7 @@ fn parse_http_target(s: &str) -> Result<String, String> {
     let rest = t
         .strip_prefix("http://")
         .ok_or_else(|| format!("'{}' is not an http:// URL", redact_url(s)))?;
-    let authority = rest.split('/').next().unwrap_or("");
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let hostport = authority.rsplit('@').next().unwrap_or("");
     if hostport.is_empty() {
         return Err(format!("'{}' has no host", redact_url(s)));
@@ -393,15 +406,28 @@ fn parse_http_target(s: &str) -> Result<String, String> {
     Ok(t.to_string())
 }
 
-/// A URL with any `user:password@` replaced, for messages.
+/// A URL for messages and `--check-config`: any `user:password@` becomes `***@`
+/// and any query (with the fragment after it) becomes `?***`, since both carry
+/// credentials (`?token=…`). The check itself uses the real URL.
 pub fn redact_url(s: &str) -> String {
-    if let Some((scheme, rest)) = s.split_once("://") {
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        if let Some((_, host)) = authority.rsplit_once('@') {
-            return format!("{scheme}://***@{host}{path}");
-        }
+    let (scheme, rest) = match s.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, s),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, _)) => format!("{path}?***"),
+        None => tail.to_string(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{authority}{tail}"),
+        None => format!("{authority}{tail}"),
     }
-    s.to_string()
 }
 
 fn parse_words(s: &str) -> Result<Vec<String>, String> {
@@ -411,6 +437,48 @@ fn parse_words(s: &str) -> Result<Vec<String>, String> {
         return Err("the command is empty".into());
     }
     Ok(words)
+}
+
+fn parse_path(s: &str) -> Result<PathBuf, String> {
+    if s.trim().is_empty() {
+        return Err("the path is empty".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
+/// `None` for an empty value (no report file), else the path, once its directory
+/// is known to exist and be writable (or the file itself writable: a bind-mounted
+/// `/dev/termination-log` in a read-only `/dev`).
+fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let path = PathBuf::from(s);
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("'{s}': {} is not a directory", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "'{s}': the directory {} does not exist",
+                dir.display()
+            ));
+        }
+        Err(e) => return Err(format!("'{s}': {}: {}", dir.display(), io_kind(&e))),
+    }
+    let writable =
+        |p: &std::path::Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
+    let file_writable = std::fs::metadata(&path).is_ok() && writable(&path);
+    if !file_writable && !writable(dir) {
+        return Err(format!(
+            "'{s}': the directory {} is not writable",
+            dir.display()
+        ));
+    }
+    Ok(Some(path))
 }
 
 fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
@@ -485,6 +553,12 @@ impl Resolver<'_> {
             return parse(v.get_ref()).map_err(|e| self.file_origin(id, v.span()).error(&e));
         }
         parse(default).map_err(|e| Origin::Default.error(&e))
+    }
+
+    /// An error about a whole `[[check]]` or `[[teardown]]` entry, at its position.
+    fn entry_error(&self, span: std::ops::Range<usize>, msg: &str) -> ConfigError {
+        let (line, col) = line_col(&self.text, span.start);
+        ConfigError::config(format!("{}:{line}:{col}: {msg}", self.path))
     }
 
     fn file_origin(&self, key: &'static str, span: std::ops::Range<usize>) -> Origin<'_> {
@@ -633,11 +707,18 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     let ms_env = |var: &str| -> Result<Option<Duration>, ConfigError> {
         match env.get(var) {
             None => Ok(None),
-            Some(v) => v.trim().parse::<u64>().map(|n| Some(Duration::from_millis(n))).map_err(|_| {
-                ConfigError::config(format!(
-                    "invalid value in environment variable {var}: '{v}' is not a whole number of milliseconds"
-                ))
-            }),
+            Some(v) => {
+                let n = v.trim().parse::<u64>().map_err(|_| {
+                    ConfigError::config(format!(
+                        "invalid value in environment variable {var}: '{v}' is not a whole number of milliseconds"
+                    ))
+                })?;
+                at_most_max(Duration::from_millis(n)).map(Some).map_err(|max| {
+                    ConfigError::config(format!(
+                        "invalid value in environment variable {var}: '{v}' is too long: at most {max} (604800000)"
+                    ))
+                })
+            }
         }
     };
     let pre_drain_delay = match (&cli.pre_drain_delay, ms_env("PRE_DRAIN_DELAY_MS")?) {
@@ -716,11 +797,13 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         parse_duration,
     )?;
     if ready_interval.is_zero() {
-        return Err(match m.value_source("ready_interval") {
-            Some(ValueSource::CommandLine) => Origin::Flag("ready-interval"),
-            _ => Origin::Env(env_name("ready_interval")),
-        }
-        .error("must be greater than 0"));
+        let origin = match (m.value_source("ready_interval"), &file.ready_interval) {
+            (Some(ValueSource::CommandLine), _) => Origin::Flag("ready-interval"),
+            (Some(_), _) => Origin::Env(env_name("ready_interval")),
+            (None, Some(v)) => r.file_origin("ready_interval", v.span()),
+            (None, None) => Origin::Default,
+        };
+        return Err(origin.error("must be greater than 0"));
     }
     let teardown_timeout = r.scalar(
         "teardown_timeout",
@@ -743,70 +826,103 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         "info",
         parse_level,
     )?;
-    let report_file = cli
-        .report_file
-        .clone()
-        .or_else(|| file.report_file.clone())
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from);
+    // An empty value means no report file. Where the directory cannot hold the
+    // report, say so now, not at exit when the report is lost.
+    let report_file = match (&cli.report_file, &file.report_file) {
+        (Some(v), _) => {
+            let origin = match m.value_source("report_file") {
+                Some(ValueSource::EnvVariable) => Origin::Env(env_name("report_file")),
+                _ => Origin::Flag(flag_name("report_file")),
+            };
+            // A missing directory is a fact of the system, not a typo in the
+            // syntax: 78 even on the command line, like a taken probe port.
+            check_report_file(v).map_err(|e| ConfigError {
+                code: EXIT_CONFIG,
+                message: origin.error(&e).message,
+            })?
+        }
+        (None, Some(v)) => check_report_file(v.get_ref())
+            .map_err(|e| r.file_origin("report_file", v.span()).error(&e))?,
+        (None, None) => None,
+    };
 
     // Lists: the command line or DRAINIT_* replaces the file's list.
-    let parse_list = |id: &'static str,
-                      cli_vals: &[String],
-                      file_vals: &Option<Vec<toml::Spanned<String>>>,
-                      parse: &dyn Fn(&str) -> Result<Signal, String>|
-     -> Result<Option<Vec<Signal>>, ConfigError> {
-        if let Some((vals, origin)) = r.list(id, cli_vals) {
-            return vals
-                .iter()
-                .map(|v| parse(v).map_err(|e| origin.error(&e)))
-                .collect::<Result<_, _>>()
-                .map(Some);
-        }
-        match file_vals {
-            Some(vals) => vals
-                .iter()
-                .map(|v| parse(v.get_ref()).map_err(|e| r.file_origin(id, v.span()).error(&e)))
-                .collect::<Result<_, _>>()
-                .map(Some),
-            None => Ok(None),
+    let drain_signal = |v: &str| -> Result<Signal, String> {
+        let sig = Signal::parse(v, false)?;
+        if sig.is_caught() && sig != Signal::CHLD {
+            Ok(sig)
+        } else {
+            Err(format!(
+                "{sig} cannot be a drain signal (it is never caught)"
+            ))
         }
     };
-    let drain_signals = parse_list(
-        "drain_signal",
-        &cli.drain_signal,
-        &file.drain_signal,
-        &|s| {
-            let sig = Signal::parse(s, false)?;
-            if sig.is_caught() && sig != Signal::CHLD {
-                Ok(sig)
-            } else {
-                Err(format!(
-                    "{sig} cannot be a drain signal (it is never caught)"
-                ))
+    let none_given = "at least one signal is needed";
+    let drain_signals = match r.list("drain_signal", &cli.drain_signal) {
+        Some((vals, origin)) => {
+            if vals.is_empty() {
+                return Err(origin.error(none_given));
             }
+            vals.iter()
+                .map(|v| drain_signal(v).map_err(|e| origin.error(&e)))
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        None => match &file.drain_signal {
+            Some(list) => {
+                if list.get_ref().is_empty() {
+                    return Err(r.file_origin("drain_signal", list.span()).error(none_given));
+                }
+                list.get_ref()
+                    .iter()
+                    .map(|v| {
+                        drain_signal(v.get_ref())
+                            .map_err(|e| r.file_origin("drain_signal", v.span()).error(&e))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            None => vec![Signal::TERM, Signal::INT, Signal::QUIT],
         },
-    )?
-    .unwrap_or_else(|| vec![Signal::TERM, Signal::INT, Signal::QUIT]);
-    if drain_signals.is_empty() {
-        return Err(ConfigError::usage(
-            "--drain-signal: at least one signal is needed".into(),
-        ));
-    }
+    };
 
+    // Rewrites: FROM must be a signal drainit receives, and one FROM has one TO.
     let mut rewrite = RewriteMap::default();
+    let mut rewritten: Vec<(Signal, Signal, String)> = Vec::new();
+    let mut add_rewrite = |pair: &str| -> Result<(), String> {
+        let (from, to) = RewriteMap::parse_pair(pair)?;
+        // Rewriting applies to what drainit receives and forwards: KILL, STOP and
+        // the never-caught signals never reach it, and SIGCHLD is its own.
+        if !from.is_caught() {
+            return Err(format!(
+                "'{pair}': drainit never receives {from}, so it cannot be rewritten"
+            ));
+        }
+        if from == Signal::CHLD {
+            return Err(format!(
+                "'{pair}': drainit never forwards {from}, so it cannot be rewritten"
+            ));
+        }
+        if let Some((_, other_to, other)) = rewritten.iter().find(|(f, _, _)| *f == from) {
+            if *other_to == to {
+                return Ok(());
+            }
+            return Err(format!(
+                "'{other}' and '{pair}' both rewrite {from}; give one"
+            ));
+        }
+        rewritten.push((from, to, pair.trim().to_string()));
+        rewrite.insert(from, to);
+        Ok(())
+    };
     match r.list("rewrite", &cli.rewrite) {
         Some((vals, origin)) => {
-            for s in vals {
-                let (a, b) = RewriteMap::parse_pair(&s).map_err(|e| origin.error(&e))?;
-                rewrite.insert(a, b);
+            for v in vals {
+                add_rewrite(&v).map_err(|e| origin.error(&e))?;
             }
         }
         None => {
-            for s in file.rewrite.iter().flatten() {
-                let (a, b) = RewriteMap::parse_pair(s.get_ref())
-                    .map_err(|e| r.file_origin("rewrite", s.span()).error(&e))?;
-                rewrite.insert(a, b);
+            for v in file.rewrite.iter().flatten() {
+                add_rewrite(v.get_ref())
+                    .map_err(|e| r.file_origin("rewrite", v.span()).error(&e))?;
             }
         }
     }
@@ -832,7 +948,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                     CheckKind::Http(parse_http_target(v).map_err(|e| origin.error(&e))?)
                 }
                 "ready_exec" => CheckKind::Exec(parse_words(v).map_err(|e| origin.error(&e))?),
-                _ => CheckKind::File(PathBuf::from(v)),
+                _ => CheckKind::File(parse_path(v).map_err(|e| origin.error(&e))?),
             };
             let prefix = &id["ready_".len()..];
             let name = if vals.len() == 1 {
@@ -849,9 +965,8 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     }
     if !any_cli {
         for (i, c) in file.check.iter().enumerate() {
-            let at = |msg: String| {
-                ConfigError::config(format!("{}: [[check]] #{}: {msg}", r.path, i + 1))
-            };
+            let at = |msg: String| r.entry_error(c.span(), &format!("[[check]] #{}: {msg}", i + 1));
+            let c = c.get_ref();
             let mut kinds: Vec<CheckKind> = Vec::new();
             if let Some(v) = &c.tcp {
                 let t = parse_tcp_target(v.get_ref())
@@ -870,7 +985,9 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                 kinds.push(CheckKind::Exec(v.clone()));
             }
             if let Some(v) = &c.file {
-                kinds.push(CheckKind::File(PathBuf::from(v)));
+                let p = parse_path(v.get_ref())
+                    .map_err(|e| r.file_origin("file", v.span()).error(&e))?;
+                kinds.push(CheckKind::File(p));
             }
             if kinds.len() != 1 {
                 return Err(at("needs exactly one of tcp, http, exec, file".into()));
@@ -917,12 +1034,12 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         None => {
             for (i, t) in file.teardown.iter().enumerate() {
+                let span = t.span();
+                let t = t.get_ref();
                 if t.command.is_empty() {
-                    return Err(ConfigError::config(format!(
-                        "{}: [[teardown]] #{}: command is empty",
-                        r.path,
-                        i + 1
-                    )));
+                    return Err(
+                        r.entry_error(span, &format!("[[teardown]] #{}: command is empty", i + 1))
+                    );
                 }
                 let timeout = match &t.timeout {
                     Some(d) => parse_duration(d.get_ref())
@@ -994,25 +1111,33 @@ pub struct Budget {
 pub const BUDGET_SPARE: Duration = Duration::from_secs(1);
 
 impl Budget {
-    /// delay + timeout + every teardown timeout.
+    /// delay + timeout + every teardown timeout; saturates at `Duration::MAX`
+    /// rather than overflow.
     pub fn total(&self) -> Duration {
-        self.pre_drain_delay + self.drain_timeout + self.teardown.iter().sum::<Duration>()
+        self.teardown.iter().fold(
+            self.pre_drain_delay.saturating_add(self.drain_timeout),
+            |a, d| a.saturating_add(*d),
+        )
     }
 
     /// Whether the total fits under the grace period with [`BUDGET_SPARE`] to spare.
     pub fn fits(&self) -> bool {
-        self.total() + BUDGET_SPARE <= self.grace_period
+        self.total().saturating_add(BUDGET_SPARE) <= self.grace_period
     }
 }
 
+/// A duration exactly, in humantime's form (`1m 30s`, `500us`, `0s`).
 fn fmt_dur(d: Duration) -> String {
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+    humantime::format_duration(d).to_string()
 }
 
 impl std::fmt::Display for Budget {
     /// `pre-drain delay 5s + drain timeout 20s + teardown 0s = 25s of grace period 30s (5s spare)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let td: Duration = self.teardown.iter().sum();
+        let td = self
+            .teardown
+            .iter()
+            .fold(Duration::ZERO, |a, d| a.saturating_add(*d));
         let mut steps = String::new();
         if self.teardown.len() > 1 {
             steps = format!(
@@ -1369,5 +1494,253 @@ mod tests {
         assert!(load(&["--ready-tcp", "localhost", "true"], &[]).is_err());
         let e = load(&["--ready-http", "https://u:secret@h/x", "true"], &[]).unwrap_err();
         assert!(!e.message.contains("secret"), "{}", e.message);
+    }
+
+    #[test]
+    fn durations_above_seven_days_are_refused_not_overflowed() {
+        let huge = "18446744073709551615s";
+        for flag in [
+            "--pre-drain-delay",
+            "--drain-timeout",
+            "--grace-period",
+            "--teardown-timeout",
+            "--check-timeout",
+            "--ready-interval",
+        ] {
+            let e = load(&[flag, huge, "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 64, "{flag}: {}", e.message);
+            assert!(
+                e.message.contains(flag) && e.message.contains("at most 7d"),
+                "{}",
+                e.message
+            );
+        }
+        let e = load(&["--drain-timeout", "9000000000000000000s", "true"], &[]).unwrap_err();
+        assert!(e.message.contains("at most 7d"), "{}", e.message);
+        // Exactly 7 days is accepted; one second more is not.
+        let c = load(&["--drain-timeout", "7d", "true"], &[]).unwrap();
+        assert_eq!(c.drain_timeout, MAX_DURATION);
+        assert!(load(&["--drain-timeout", "7d 1s", "true"], &[]).is_err());
+        let e = load(&["true"], &[("DRAIN_TIMEOUT_MS", "604800001")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains("DRAIN_TIMEOUT_MS") && e.message.contains("at most 7d"),
+            "{}",
+            e.message
+        );
+        let p = write_file(
+            "huge",
+            "[[teardown]]\ncommand = [\"true\"]\ntimeout = \"8d\"\n",
+        );
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains(":3:11") && e.message.contains("at most 7d"),
+            "{}",
+            e.message
+        );
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn budget_total_saturates() {
+        let b = Budget {
+            pre_drain_delay: Duration::MAX,
+            drain_timeout: Duration::from_secs(1),
+            teardown: vec![Duration::MAX, Duration::from_secs(1)],
+            grace_period: Duration::from_secs(30),
+        };
+        assert_eq!(b.total(), Duration::MAX);
+        assert!(!b.fits());
+        assert!(b.to_string().contains("does not fit"));
+    }
+
+    #[test]
+    fn an_empty_drain_signal_list_is_78_outside_the_command_line() {
+        let e = load(&["true"], &[("DRAINIT_DRAIN_SIGNAL", "")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("DRAINIT_DRAIN_SIGNAL"), "{}", e.message);
+        let e = load(&["true"], &[("DRAINIT_DRAIN_SIGNAL", " , ")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        let p = write_file("nosig", "drain_timeout = \"1s\"\ndrain_signal = []\n");
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains(":2:16") && e.message.contains("`drain_signal`"),
+            "{}",
+            e.message
+        );
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn check_and_teardown_entry_errors_have_line_and_column() {
+        let p = write_file(
+            "entries",
+            "drain_timeout = \"1s\"\n\n[[check]]\ntcp = \"127.0.0.1:1\"\n\n[[check]]\nname = \"two\"\ntcp = \"127.0.0.1:2\"\nfile = \"/x\"\n",
+        );
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message
+                .contains(":6:1: [[check]] #2: needs exactly one of"),
+            "{}",
+            e.message
+        );
+        let p2 = write_file("teardown", "[[teardown]]\nname = \"x\"\ncommand = []\n");
+        let e = load(&["--config", p2.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message
+                .contains(":1:1: [[teardown]] #1: command is empty"),
+            "{}",
+            e.message
+        );
+        let _ = std::fs::remove_file(p);
+        let _ = std::fs::remove_file(p2);
+    }
+
+    #[test]
+    fn empty_file_checks_are_refused() {
+        let e = load(&["--ready-file", "", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 64);
+        assert!(e.message.contains("--ready-file"), "{}", e.message);
+        let p = write_file("emptyfile", "[[check]]\nfile = \"\"\n");
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains(":2:8") && e.message.contains("`file`"),
+            "{}",
+            e.message
+        );
+        let _ = std::fs::remove_file(p);
+    }
+
+    #[test]
+    fn rewrites_need_a_received_from_and_one_target() {
+        for pair in ["KILL:TERM", "STOP:0", "SEGV:TERM", "CHLD:0"] {
+            let e = load(&["--rewrite", pair, "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 64, "{pair}");
+            assert!(e.message.contains("--rewrite"), "{}", e.message);
+        }
+        let e = load(&["true"], &[("DRAINIT_REWRITE", "TERM:QUIT,TERM:INT")]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains("DRAINIT_REWRITE")
+                && e.message.contains("TERM:QUIT")
+                && e.message.contains("TERM:INT"),
+            "{}",
+            e.message
+        );
+        let e = load(
+            &["--rewrite", "TERM:QUIT", "--rewrite", "15:2", "true"],
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 64);
+        assert!(
+            e.message.contains("'TERM:QUIT' and '15:2'"),
+            "{}",
+            e.message
+        );
+        // The same rewrite twice is no conflict; KILL as the target is allowed.
+        let c = load(
+            &[
+                "--rewrite",
+                "TERM:QUIT",
+                "--rewrite",
+                "SIGTERM:3",
+                "--rewrite",
+                "HUP:KILL",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.rewrite.apply(Signal::TERM), Some(Signal::QUIT));
+        assert_eq!(c.rewrite.apply(Signal::HUP), Some(Signal::KILL));
+    }
+
+    #[test]
+    fn urls_lose_userinfo_and_query_when_shown() {
+        assert_eq!(
+            redact_url("http://u:p@h:8080/x?token=s#f"),
+            "http://***@h:8080/x?***"
+        );
+        assert_eq!(redact_url("http://h:8080?token=s"), "http://h:8080?***");
+        assert_eq!(redact_url("http://h/health"), "http://h/health");
+        let c = load(
+            &[
+                "--check-config",
+                "--ready-http",
+                "http://h:81/r?token=secret",
+            ],
+            &[],
+        )
+        .unwrap();
+        // The check keeps the real URL; only what is shown is redacted.
+        assert_eq!(
+            c.checks[0].kind,
+            CheckKind::Http("http://h:81/r?token=secret".into())
+        );
+        let shown = c.render();
+        assert!(
+            !shown.contains("secret") && shown.contains("http://h:81/r?***"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn short_durations_render_exactly() {
+        let c = load(
+            &[
+                "--check-config",
+                "--pre-drain-delay",
+                "500us",
+                "--drain-timeout",
+                "1500ms",
+            ],
+            &[],
+        )
+        .unwrap();
+        let shown = c.render();
+        assert!(shown.contains("pre_drain_delay = \"500us\""), "{shown}");
+        assert!(shown.contains("drain_timeout = \"1s 500ms\""), "{shown}");
+    }
+
+    #[test]
+    fn a_report_file_needs_an_existing_directory() {
+        let dir =
+            std::env::temp_dir().join(format!("drainit-config-test-{}-nodir", std::process::id()));
+        let missing = dir.join("report.json");
+        let missing = missing.to_str().unwrap();
+        let e = load(&["--report-file", missing, "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains("--report-file") && e.message.contains("does not exist"),
+            "{}",
+            e.message
+        );
+        let p = write_file("report", &format!("report_file = {missing:?}\n"));
+        let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(
+            e.message.contains(":1:15") && e.message.contains("`report_file`"),
+            "{}",
+            e.message
+        );
+        // A file for a directory.
+        let e = load(&["--report-file", "/dev/null/report.json", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("not a directory"), "{}", e.message);
+        // An existing directory, and an existing device, are fine.
+        let ok = std::env::temp_dir().join("drainit-report.json");
+        let c = load(&["--report-file", ok.to_str().unwrap(), "true"], &[]).unwrap();
+        assert_eq!(c.report_file.as_deref(), Some(ok.as_path()));
+        let c = load(&["--report-file", "/dev/null", "true"], &[]).unwrap();
+        assert!(c.report_file.is_some());
+        let c = load(&["--report-file", "", "true"], &[]).unwrap();
+        assert!(c.report_file.is_none());
+        let _ = std::fs::remove_file(p);
     }
 }

@@ -23,7 +23,11 @@ use drainit::supervisor::Supervisor;
 const EXIT_INTERNAL: i32 = 1;
 
 fn main() {
-    std::process::exit(run());
+    let code = run();
+    // Exits without a report (errors before the spawn, --check-config) must not
+    // lose queued log lines; the wait is bounded, a stuck stderr cannot hold it.
+    logging::flush(logging::FINAL_WRITE_BOUND);
+    std::process::exit(code);
 }
 
 /// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):

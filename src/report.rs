@@ -2,7 +2,8 @@
 //!
 //! Owns: the record of which processes were in flight at T0, which drainit saw end
 //! during the drain, which it killed (abandoned), and the JSON object written as the
-//! last line of stderr and, atomically (temp file + rename), to `--report-file`.
+//! last line of stderr and to `--report-file` (atomically, temp file + rename,
+//! when it is a regular file; in place when it is a device, fifo, symlink or mount).
 //!
 //! Must not: decide anything. The exit code and reason come from `drain.rs`; this
 //! module only counts and writes.
@@ -17,7 +18,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+
 use crate::drain::{ChildExit, Outcome, StepEnd, Timeline};
+use crate::logging;
 use crate::signals::Signal;
 
 /// Counts the processes of one drain (or, with no drain signal, of the stop that
@@ -243,25 +247,81 @@ impl Report {
         })
     }
 
-    /// Writes the report: to `--report-file` (atomically) if given, then as the
-    /// last line of stderr. Write errors are logged, never fatal: the exit code is
-    /// what matters most.
+    /// Writes the report: to `--report-file` if given ([`write_file`]), then as the
+    /// last line of stderr, through the logger's queue, waiting at most
+    /// [`logging::FINAL_WRITE_BOUND`] (2 s) for a stderr nobody reads. Write errors
+    /// are logged, never fatal: the exit code is what matters most.
     pub fn write(&self, file: Option<&Path>) {
         let line = self.to_json();
         if let Some(path) = file
-            && let Err(e) = write_atomic(path, line.as_bytes())
+            && let Err(e) = write_file(path, line.as_bytes())
         {
             log::error!("writing the report to {} failed: {e}", path.display());
         }
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(line.as_bytes());
-        let _ = err.write_all(b"\n");
-        let _ = err.flush();
+        logging::write_final(&line, logging::FINAL_WRITE_BOUND);
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a
-/// rename, so a reader sees the old file or the whole new one, never half of it.
+/// Writes `bytes` and a newline to the report file `path`.
+///
+/// A regular file, or a path that does not exist yet, is replaced atomically
+/// ([`write_atomic`]). Anything else that exists (a symlink, a character or block
+/// device such as `/dev/stderr` or `/dev/null`, a fifo) is opened and written in
+/// place, following symlinks: a rename would replace the node itself. When the
+/// rename is refused because the target is a mount point (a bind-mounted file such
+/// as Kubernetes' `/dev/termination-log`: `EBUSY`), on another filesystem
+/// (`EXDEV`) or not ours to replace (`EPERM`), or when no temporary file can be
+/// created next to an existing target, the file is written in place as well.
+///
+/// # Errors
+/// Both ways failed; the error is the last one's.
+pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let existing = std::fs::symlink_metadata(path).ok();
+    if existing.as_ref().is_some_and(|m| !m.file_type().is_file()) {
+        return write_in_place(path, bytes);
+    }
+    match write_atomic(path, bytes) {
+        Err(e) if existing.is_some() && may_write_in_place(&e) => write_in_place(path, bytes),
+        r => r,
+    }
+}
+
+/// Whether an atomic write failed in a way a write in place may not.
+fn may_write_in_place(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBUSY | libc::EXDEV | libc::EPERM | libc::EACCES | libc::EROFS)
+    )
+}
+
+/// Opens `path` for writing (truncating, following symlinks, creating the target
+/// of a dangling one) and writes `bytes` and a newline.
+///
+/// The open is non-blocking so that a fifo with no reader fails at once (`ENXIO`)
+/// instead of hanging drainit's exit; the write itself is blocking again.
+fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .create(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let flags = OFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFL)?);
+    fcntl(&f, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    let mut all = Vec::with_capacity(bytes.len() + 1);
+    all.extend_from_slice(bytes);
+    all.push(b'\n');
+    f.write_all(&all)?;
+    if f.metadata()?.file_type().is_file() {
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` and a newline to `path` through a temporary file in the same
+/// directory and a rename, so a reader sees the old file or the whole new one,
+/// never half of it. Replaces whatever `path` names, so callers use [`write_file`].
 ///
 /// # Errors
 /// Creating, writing, syncing or renaming the temporary file failed.
@@ -337,13 +397,100 @@ mod tests {
         );
     }
 
+    fn tmp_dir(tag: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("drainit-report-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
     #[test]
     fn atomic_write_replaces_the_file() {
-        let p =
-            std::env::temp_dir().join(format!("drainit-report-test-{}.json", std::process::id()));
-        write_atomic(&p, b"{\"a\":1}").unwrap();
-        write_atomic(&p, b"{\"a\":2}").unwrap();
+        let d = tmp_dir("atomic");
+        let p = d.join("report.json");
+        write_file(&p, b"{\"a\":1}").unwrap();
+        write_file(&p, b"{\"a\":2}").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":2}\n");
-        std::fs::remove_file(p).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            1,
+            "a temp file was left"
+        );
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_is_written_through_not_replaced() {
+        use std::os::unix::fs::symlink;
+        let d = tmp_dir("symlink");
+        let real = d.join("real.json");
+        let link = d.join("link.json");
+        std::fs::write(&real, "old contents, longer than the new\n").unwrap();
+        symlink(&real, &link).unwrap();
+        write_file(&link, b"{}").unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "{}\n");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_device_stays_a_device() {
+        use std::os::unix::fs::FileTypeExt;
+        let dev = Path::new("/dev/null");
+        write_file(dev, b"{}").unwrap();
+        let t = std::fs::symlink_metadata(dev).unwrap().file_type();
+        assert!(
+            t.is_char_device(),
+            "/dev/null is no longer a character device"
+        );
+    }
+
+    #[test]
+    fn a_fifo_without_reader_fails_at_once_and_with_one_is_written() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = tmp_dir("fifo");
+        let fifo = d.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = write_file(&fifo, b"{}").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+        };
+        // The reader opens the fifo at some point: retry until it has.
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while write_file(&fifo, b"{\"x\":1}").is_err() {
+            assert!(
+                std::time::Instant::now() < end,
+                "the reader never opened the fifo"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(reader.join().unwrap(), "{\"x\":1}\n");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn refused_renames_fall_back_to_a_write_in_place() {
+        for errno in [libc::EBUSY, libc::EXDEV, libc::EPERM] {
+            assert!(may_write_in_place(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        assert!(!may_write_in_place(&std::io::Error::from_raw_os_error(
+            libc::ENOENT
+        )));
     }
 }

@@ -192,6 +192,34 @@ fn bad_values_name_their_source_and_start_nothing() {
         &["--ready-tcp", "port"],
     );
     expect(&["--second-signal", "twice"], &[], 64, &["--second-signal"]);
+    expect(
+        &["--drain-timeout", "18446744073709551615s"],
+        &[],
+        64,
+        &["--drain-timeout", "at most 7d"],
+    );
+    expect(&["--ready-file", ""], &[], 64, &["--ready-file", "empty"]);
+    expect(
+        &["--rewrite", "KILL:TERM"],
+        &[],
+        64,
+        &["--rewrite", "SIGKILL"],
+    );
+    expect(
+        &["--rewrite", "TERM:QUIT", "--rewrite", "TERM:INT"],
+        &[],
+        64,
+        &["--rewrite", "TERM:QUIT", "TERM:INT"],
+    );
+    // A report file that could never be written: 78 even on the command line,
+    // like a probe port that is taken.
+    let nowhere = tmp.join("missing-dir").join("report.json");
+    expect(
+        &["--report-file", nowhere.to_str().unwrap()],
+        &[],
+        78,
+        &["--report-file", "does not exist"],
+    );
     // Environment: 78, naming the variable.
     expect(
         &[],
@@ -210,6 +238,30 @@ fn bad_values_name_their_source_and_start_nothing() {
         &[("PRE_DRAIN_DELAY_MS", "5s")],
         78,
         &["PRE_DRAIN_DELAY_MS"],
+    );
+    expect(
+        &[],
+        &[("DRAINIT_DRAIN_SIGNAL", "")],
+        78,
+        &["DRAINIT_DRAIN_SIGNAL", "at least one"],
+    );
+    expect(
+        &[],
+        &[("DRAINIT_PRE_DRAIN_DELAY", "9000000000000000000s")],
+        78,
+        &["DRAINIT_PRE_DRAIN_DELAY", "at most 7d"],
+    );
+    expect(
+        &[],
+        &[("DRAINIT_REWRITE", "TERM:QUIT,TERM:INT")],
+        78,
+        &["DRAINIT_REWRITE", "TERM:QUIT", "TERM:INT"],
+    );
+    expect(
+        &[],
+        &[("DRAINIT_REPORT_FILE", nowhere.to_str().unwrap())],
+        78,
+        &["DRAINIT_REPORT_FILE", "does not exist"],
     );
     // File: 78, naming the key with its line and column.
     let cases = [
@@ -232,7 +284,16 @@ fn bad_values_name_their_source_and_start_nothing() {
         ),
         (
             "[[check]]\nname = \"app\"\n",
-            &["exactly one of tcp, http, exec, file"][..],
+            &[":1:1", "exactly one of tcp, http, exec, file"][..],
+        ),
+        ("drain_signal = []\n", &["drain_signal", ":1:16"][..]),
+        (
+            "[[teardown]]\ncommand = [\"x\"]\ntimeout = \"8d\"\n",
+            &["timeout", ":3:11", "at most 7d"][..],
+        ),
+        (
+            "report_file = \"/nonexistent/report.json\"\n",
+            &["report_file", ":1:15", "does not exist"][..],
         ),
         (
             "[[teardown]]\ncommand = [\"x\"]\ntimeout = \"1 fortnight\"\n",
@@ -254,4 +315,85 @@ fn bad_values_name_their_source_and_start_nothing() {
         !witness.exists(),
         "bad configuration must never start the child"
     );
+}
+
+#[test]
+fn check_config_redacts_query_strings_and_shows_short_durations_exactly() {
+    let o = run(
+        &[
+            "--check-config",
+            "--ready-http",
+            "http://127.0.0.1:8080/health?token=hunter2",
+            "--pre-drain-delay",
+            "500us",
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stdout.contains("hunter2"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("http = \"http://127.0.0.1:8080/health?***\""),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("pre_drain_delay = \"500us\""),
+        "{}",
+        o.stdout
+    );
+}
+
+/// The report file is written in place when it is not a regular file: a device
+/// stays a device, a symlink stays a symlink (and its target gets the report).
+#[test]
+fn the_report_file_never_replaces_a_device_or_a_symlink() {
+    use std::os::unix::fs::FileTypeExt;
+    let tmp = TmpDir::new("report-special");
+    let o = run(
+        &[
+            "--probe-addr",
+            "off",
+            "--report-file",
+            "/dev/null",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let t = std::fs::symlink_metadata("/dev/null").unwrap().file_type();
+    assert!(
+        t.is_char_device(),
+        "/dev/null is no longer a character device"
+    );
+
+    let real = tmp.join("real.json");
+    let link = tmp.join("link.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let o = run(
+        &[
+            "--probe-addr",
+            "off",
+            "--report-file",
+            link.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 3, "{}", o.stderr);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&real).unwrap()).unwrap();
+    assert_eq!(report["exit_code"], 3);
+    // The report is still the last line of stderr.
+    let last = o.stderr.lines().last().unwrap_or("");
+    assert!(last.starts_with("{\"drainit\":\"exit\""), "{}", o.stderr);
 }
