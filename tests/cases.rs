@@ -6,23 +6,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-const OFF: &str = "--probe-addr=off";
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn cmd<'a>(flags: &[&'a str], app: &'a [String]) -> Vec<&'a str> {
-    let mut v = flags.to_vec();
-    v.push("--");
-    v.extend(app.iter().map(String::as_str));
-    v
+fn get(port: u16, path: &str, method: &str) -> (u16, String, String) {
+    http(port, path, method)
 }
 
 fn sh(script: String) -> Vec<String> {
@@ -31,26 +21,6 @@ fn sh(script: String) -> Vec<String> {
 
 fn app_cmd() -> String {
     format!("{} {}", python(), fixture("sigapp.py"))
-}
-
-fn get(port: u16, path: &str, method: &str) -> (u16, String, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new(), String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    (status, head.to_ascii_lowercase(), body.to_string())
 }
 
 /// B01: an app whose orphans would stay zombies without a reaping PID 1.

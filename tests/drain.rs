@@ -12,41 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const OFF: &str = "--probe-addr=off";
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn cmd<'a>(flags: &[&'a str], app: &'a [String]) -> Vec<&'a str> {
-    let mut v = flags.to_vec();
-    v.push("--");
-    v.extend(app.iter().map(String::as_str));
-    v
-}
-
-/// One HTTP GET on a fresh connection: (status, body), or (0, "") when refused.
+/// (status, body) of a GET.
 fn get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (st, _, body) = http(port, path, "GET");
+    (st, body)
 }
 
 #[test]

@@ -9,12 +9,6 @@ use std::time::Duration;
 
 use common::*;
 
-const OFF: &str = "--probe-addr=off";
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
 #[test]
 fn exit_codes_are_the_childs() {
     for mode in BOTH {

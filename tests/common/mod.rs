@@ -475,3 +475,41 @@ pub fn sigapp(name: &str, extra: &[&str]) -> Vec<String> {
     v.push(fixture("sigapp.py"));
     v
 }
+
+/// `--probe-addr=off`, for the tests that do not probe.
+pub const OFF: &str = "--probe-addr=off";
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// drainit's argv: `flags`, `--`, then the app's argv.
+pub fn cmd<'a>(flags: &[&'a str], app: &'a [String]) -> Vec<&'a str> {
+    let mut v = flags.to_vec();
+    v.push("--");
+    v.extend(app.iter().map(String::as_str));
+    v
+}
+
+/// One HTTP request on a fresh connection to 127.0.0.1:`port`: (status, lowercased
+/// head, body); (0, "", "") when nothing answers.
+pub fn http(port: u16, path: &str, method: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new(), String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
