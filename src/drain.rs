@@ -209,7 +209,7 @@ enum Wait {
     /// Teardown step `i` runs until this instant.
     Teardown(usize, At),
     /// Teardown step `i` was killed; waiting for its reap.
-    TeardownKilled(usize),
+    TeardownKilled(usize, At),
     /// Teardown is over; the final sweep (SIGKILL to whatever a step left
     /// behind) was asked for and its [`Event::Killed`] is awaited.
     Sweep,
@@ -289,7 +289,8 @@ impl Drain {
             Wait::PreDrain => Some(self.timeline.t0? + self.timeline.pre_drain_delay),
             Wait::Descendants => self.timeline.deadline,
             Wait::KillSettle(at) | Wait::Teardown(_, at) => Some(at),
-            Wait::None | Wait::TeardownKilled(_) | Wait::Sweep | Wait::Exited => None,
+            Wait::TeardownKilled(_, at) => Some(at),
+            Wait::None | Wait::Sweep | Wait::Exited => None,
         }
     }
 
@@ -311,10 +312,9 @@ impl Drain {
         match event {
             Event::Signal(s) if self.is_drain_signal(s) => self.on_drain_signal(now, s, &mut out),
             Event::Signal(s) => {
-                // Forwarded at once, in every phase, while there is a child to get it.
-                if self.child_exit.is_none()
-                    && let Some(s) = self.policy.rewrite.apply(s)
-                {
+                // Forwarded at once, in every phase (the driver knows whether a
+                // child or its group is still there to get it).
+                if let Some(s) = self.policy.rewrite.apply(s) {
                     out.push(Action::Forward(s));
                 }
             }
@@ -345,23 +345,26 @@ impl Drain {
                         .push(if ok { StepEnd::Ok } else { StepEnd::Failed });
                     self.next_teardown(now, i + 1, &mut out);
                 }
-                Wait::TeardownKilled(i) => {
-                    let cut = self.teardown.len() > i;
-                    if !cut {
-                        self.teardown.push(StepEnd::TimedOut);
-                        self.next_teardown(now, i + 1, &mut out);
-                    } else {
-                        // A second signal cut it: the rest is skipped.
-                        let n = self.policy.teardown_timeouts.len();
-                        self.teardown.resize(n, StepEnd::Skipped);
-                        self.end_teardown(&mut out);
-                    }
-                }
+                Wait::TeardownKilled(i, _) => self.teardown_killed(now, i, &mut out),
                 _ => {}
             },
             Event::Tick => self.on_tick(now, &mut out),
         }
         out
+    }
+
+    /// The killed teardown step `i` was reaped, or its settle time ran out.
+    fn teardown_killed(&mut self, now: At, i: usize, out: &mut Vec<Action>) {
+        let cut = self.teardown.len() > i;
+        if !cut {
+            self.teardown.push(StepEnd::TimedOut);
+            self.next_teardown(now, i + 1, out);
+        } else {
+            // A second signal cut it: the rest is skipped.
+            let n = self.policy.teardown_timeouts.len();
+            self.teardown.resize(n, StepEnd::Skipped);
+            self.end_teardown(out);
+        }
     }
 
     fn on_drain_signal(&mut self, now: At, s: Signal, out: &mut Vec<Action>) {
@@ -410,7 +413,7 @@ impl Drain {
             Wait::Teardown(i, _) => {
                 self.second_used = true;
                 self.teardown.push(StepEnd::Cut);
-                self.wait = Wait::TeardownKilled(i);
+                self.wait = Wait::TeardownKilled(i, now + KILL_SETTLE);
                 out.push(Action::KillTeardown(i));
             }
             // Already killing, or nothing left to cut.
@@ -462,9 +465,11 @@ impl Drain {
             Wait::Descendants => self.kill_all(now, out),
             Wait::KillSettle(_) => self.finish_drain(now, out),
             Wait::Teardown(i, _) => {
-                self.wait = Wait::TeardownKilled(i);
+                self.wait = Wait::TeardownKilled(i, now + KILL_SETTLE);
                 out.push(Action::KillTeardown(i));
             }
+            // A killed step that cannot be reaped (uninterruptible sleep): go on.
+            Wait::TeardownKilled(i, _) => self.teardown_killed(now, i, out),
             _ => {}
         }
     }
@@ -1012,6 +1017,20 @@ mod tests {
                 reason: Reason::TeardownFailed
             })
         );
+        assert_eq!(d.teardown(), &[StepEnd::TimedOut]);
+    }
+
+    #[test]
+    fn a_killed_step_that_is_never_reaped_is_given_up_after_the_settle() {
+        let mut d = with_teardown(2);
+        d.handle(ms(5100), Event::DescendantsGone);
+        assert_eq!(
+            d.handle(ms(6100), Event::Tick),
+            vec![Action::KillTeardown(0)]
+        );
+        assert_eq!(d.next_deadline(), Some(ms(6100) + KILL_SETTLE));
+        let a = d.handle(ms(6100) + KILL_SETTLE, Event::Tick);
+        assert_eq!(a, vec![Action::StartTeardown(1)]);
         assert_eq!(d.teardown(), &[StepEnd::TimedOut]);
     }
 

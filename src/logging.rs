@@ -161,7 +161,7 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>) {
                 let line = format_line(
                     format,
                     log::Level::Warn,
-                    &format!("{n} log {what} dropped (stderr was not being read)"),
+                    &format!("{n} log {what} dropped (stderr did not keep up)"),
                 );
                 let _ = out.write_all(line.as_bytes());
             }

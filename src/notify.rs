@@ -25,8 +25,8 @@
 //! **The watchdog.** `WATCHDOG_USEC` for the child is the one systemd gave drainit
 //! (when `WATCHDOG_PID` is unset or names drainit); otherwise the child gets none and
 //! the watchdog is off until the app sends `WATCHDOG_USEC=N` itself (`N` = 0 turns it
-//! off again). Once armed (at the spawn for systemd's interval, at the message
-//! otherwise), `/healthz` answers 503 when no `WATCHDOG=1` arrived for one interval,
+//! off again). Once armed (at `READY=1` or the first beat for systemd's interval, as
+//! systemd does; at the message otherwise), `/healthz` answers 503 when no `WATCHDOG=1` arrived for one interval,
 //! or at once on `WATCHDOG=trigger`, and 200 again at the next beat. It is disarmed
 //! when the drain starts or the app sends `STOPPING=1` (systemd stops a unit's
 //! watchdog when it stops), so a draining app is never restarted for going quiet.
@@ -331,7 +331,10 @@ impl AppSocket {
             systemd,
             relay_beats,
             interval: self.watchdog,
-            deadline: self.watchdog.map(|w| tokio::time::Instant::now() + w),
+            // Armed at READY=1 (or the first beat), not at the spawn: systemd's
+            // watchdog "is activated when the start-up is completed"
+            // (systemd.service(5), WatchdogSec=).
+            deadline: None,
         };
         let mut phase_rx = app.state_tx.subscribe();
         let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -471,6 +474,11 @@ impl App {
         {
             log::info!("the app sent READY=1");
             let _ = tx.send(());
+            if let Some(w) = self.interval
+                && self.deadline.is_none()
+            {
+                self.deadline = Some(tokio::time::Instant::now() + w);
+            }
         }
         if let Some(w) = m.watchdog {
             self.interval = w;

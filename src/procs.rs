@@ -101,10 +101,50 @@ pub fn all() -> std::io::Result<Vec<Proc>> {
 /// `/proc` could not be read (`EMFILE`, …). Callers must then not conclude that no
 /// descendant is left: an unreadable table is not an empty one.
 pub fn descendants(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
+    if root == 1 {
+        return namespace(exclude);
+    }
     match walk(root, exclude)? {
         Some(v) => Ok(v),
         None => Ok(descendants_in(all()?, root, exclude)),
     }
+}
+
+/// As PID 1: every live process of the PID namespace but PID 1 and the subtrees at
+/// `exclude` (DESIGN §5: as PID 1, every other process of the namespace is a
+/// descendant, including those that entered it from outside with `nsenter` or
+/// `docker exec`, whose parent is outside: `ppid` 0 here).
+fn namespace(exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
+    let table = all()?;
+    let mut skip: HashSet<i32> = exclude.clone();
+    for &h in exclude {
+        skip.extend(
+            descendants_in(table.clone(), h, &HashSet::new())
+                .iter()
+                .map(|p| p.pid),
+        );
+    }
+    Ok(table
+        .into_iter()
+        .filter(|p| p.pid != 1 && !p.zombie && !skip.contains(&p.pid))
+        .collect())
+}
+
+/// Whether `/proc` shows drainit's own PID namespace (`/proc/self` names this
+/// process's pid). As PID 1 of a namespace whose `/proc` was not remounted
+/// (`unshare --pid` without `--mount-proc`), `/proc` is the host's: its pids mean
+/// nothing here, and signalling them could hit unrelated processes.
+pub fn is_own_namespace() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        == Some(std::process::id())
+}
+
+/// Whether any of `procs` entered the namespace from outside (parent outside the
+/// namespace: `ppid` 0). Such a process raises no SIGCHLD in drainit when it ends.
+pub fn any_from_outside(procs: &[Proc]) -> bool {
+    procs.iter().any(|p| p.ppid == 0)
 }
 
 /// The pids listed in `/proc/PID/task/*/children`; `Ok(None)` when the kernel has
@@ -235,6 +275,11 @@ mod tests {
             .map(|p| p.pid)
             .collect();
         assert!(!got.contains(&20) && !got.contains(&21));
+    }
+
+    #[test]
+    fn this_proc_is_ours() {
+        assert!(is_own_namespace());
     }
 
     #[test]

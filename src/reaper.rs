@@ -74,6 +74,22 @@ impl Reaper {
         self.orphans
     }
 
+    /// Reaps the main child alone if it has exited (`waitpid(main, WNOHANG)`).
+    ///
+    /// For the one race the signal order creates: the kernel hands out pending
+    /// signals by number, so a drain signal (15) is read before a SIGCHLD (17)
+    /// raised by a child that exited first. The supervisor asks this before it
+    /// takes a drain signal read together with SIGCHLD: a child that already
+    /// exited on its own is not drained (DESIGN §2, last paragraph). One syscall,
+    /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
+    pub fn reap_main(&mut self) -> Option<ChildExit> {
+        let pid = self.main?;
+        let (reaped, exit) = wait_pid(pid)?;
+        debug_assert_eq!(reaped, pid);
+        self.main = None;
+        Some(exit)
+    }
+
     /// Reaps every exited child, without blocking.
     pub fn reap(&mut self) -> Round {
         let mut round = Round::default();
@@ -108,6 +124,33 @@ enum Waited {
     NoChildren,
 }
 
+/// `waitpid(pid, &status, WNOHANG)` for one pid: its status if it has exited.
+#[allow(unsafe_code)]
+fn wait_pid(pid: i32) -> Option<(i32, ChildExit)> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return decode(status).map(|e| (pid, e));
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
+fn decode(status: libc::c_int) -> Option<ChildExit> {
+    if libc::WIFEXITED(status) {
+        Some(ChildExit::Code(libc::WEXITSTATUS(status)))
+    } else if libc::WIFSIGNALED(status) {
+        Some(ChildExit::Signal(Signal(libc::WTERMSIG(status))))
+    } else {
+        None
+    }
+}
+
 /// One `waitpid(-1, &status, WNOHANG)`.
 ///
 /// nix's `waitpid` is not used: it turns a death by a real-time signal into
@@ -119,14 +162,11 @@ fn wait_any() -> Waited {
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid > 0 {
-            if libc::WIFEXITED(status) {
-                return Waited::Exited(pid, ChildExit::Code(libc::WEXITSTATUS(status)));
+            match decode(status) {
+                Some(exit) => return Waited::Exited(pid, exit),
+                // Stopped/continued are not reported without WUNTRACED/WCONTINUED.
+                None => continue,
             }
-            if libc::WIFSIGNALED(status) {
-                return Waited::Exited(pid, ChildExit::Signal(Signal(libc::WTERMSIG(status))));
-            }
-            // Stopped/continued are not reported without WUNTRACED/WCONTINUED.
-            continue;
         }
         if pid == 0 {
             return Waited::NoneExited;

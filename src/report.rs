@@ -35,6 +35,10 @@ pub struct Ledger {
     /// The processes SIGKILLed: pid and comm.
     abandoned: Vec<Abandoned>,
     sampled: bool,
+    /// Set at the SIGKILL and when the drain is over: whatever ends after that was
+    /// killed, or is no part of the drain (a teardown step's children), and is
+    /// never counted completed.
+    closed: bool,
 }
 
 /// One abandoned process.
@@ -57,9 +61,14 @@ impl Ledger {
         self.sampled
     }
 
+    /// Stops counting ends: at the SIGKILL, and when the drain is over.
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
     /// A process drainit saw end (reaped by drainit, or gone from the T0 set).
     pub fn ended(&mut self, pid: i32) {
-        if self.sampled && !self.abandoned.iter().any(|a| a.pid == pid) {
+        if self.sampled && !self.closed && !self.abandoned.iter().any(|a| a.pid == pid) {
             self.ended.insert(pid);
         }
     }
@@ -67,6 +76,9 @@ impl Ledger {
     /// Processes of the T0 set that are no longer alive count as ended (a
     /// grandchild reaped by its own parent is never seen by the reaper).
     pub fn settle(&mut self, still_alive: &HashSet<(i32, u64)>) {
+        // Members of the T0 set that ended are counted even after `close`: they
+        // were not killed (the kill lists what it kills) and did end.
+        let closed = std::mem::replace(&mut self.closed, false);
         let gone: Vec<i32> = self
             .in_flight
             .iter()
@@ -76,6 +88,7 @@ impl Ledger {
         for pid in gone {
             self.ended(pid);
         }
+        self.closed = closed;
     }
 
     /// Records a process about to be SIGKILLed.

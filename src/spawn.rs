@@ -235,6 +235,16 @@ pub fn spawn_child(
     }
 }
 
+/// The kind of a spawn error, for reports: `not found`, `permission denied`, or
+/// `cannot execute` (never the error's text).
+pub fn io_error_kind(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => "not found".into(),
+        io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => "cannot execute".into(),
+    }
+}
+
 /// How a helper's output is treated.
 #[derive(Clone, Copy, Debug)]
 pub enum HelperOutput {

@@ -42,6 +42,8 @@ struct Step {
 struct StepDone {
     duration: Duration,
     exit: Option<ChildExit>,
+    /// Why the step could not be started (`not found`, `permission denied`).
+    spawn_error: Option<String>,
 }
 
 /// The supervisor's state. Build it with [`Supervisor::new`] right after the
@@ -58,6 +60,12 @@ pub struct Supervisor {
     is_pid1: bool,
     epoch: Instant,
     ledger: Ledger,
+    /// `/proc` shows this PID namespace (checked once at start): without it, no
+    /// `/proc` pid may be trusted, and the drain falls back on the reaper alone.
+    proc_ok: bool,
+    /// The last scan found processes from outside the namespace (as PID 1): their
+    /// end raises no SIGCHLD here, so `/proc` is polled while the drain waits.
+    outsiders: bool,
     /// Processes that got the drain signal from drainit: `(pid, start)`.
     signalled: HashSet<(i32, u64)>,
     queue: VecDeque<Event>,
@@ -124,6 +132,17 @@ impl Supervisor {
             is_pid1: me == 1,
             epoch: Instant::now(),
             ledger: Ledger::default(),
+            proc_ok: {
+                let ok = procs::is_own_namespace();
+                if !ok {
+                    log::warn!(
+                        "/proc is not this PID namespace's (mount a fresh /proc, e.g. unshare --mount-proc): \
+                         descendants cannot be found; only the main child and reaped processes are tracked"
+                    );
+                }
+                ok
+            },
+            outsiders: false,
             signalled: HashSet::new(),
             queue,
             ready_rx,
@@ -151,6 +170,7 @@ impl Supervisor {
                 .drain
                 .next_deadline()
                 .map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let polling = self.outsiders && self.drain.waits_for_descendants();
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
@@ -161,11 +181,20 @@ impl Supervisor {
                     _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
                     exit = wait_step(step_rx) => Woke::StepExited(exit),
                     _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
+                    _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
                 }
             };
             match woke {
                 Woke::Signals(received) => {
                     let mut chld = false;
+                    if received.iter().any(|r| r.signal == Signal::CHLD) {
+                        // The main child may have exited before the other signals
+                        // of this batch were sent: its exit comes first.
+                        let exit = self.reaper.borrow_mut().reap_main();
+                        if let Some(exit) = exit {
+                            self.main_exited(exit);
+                        }
+                    }
                     for r in received {
                         if r.signal == Signal::CHLD {
                             chld = true;
@@ -187,6 +216,7 @@ impl Supervisor {
                 }
                 Woke::StepExited(exit) => self.finish_step(exit),
                 Woke::Tick => self.queue.push_back(Event::Tick),
+                Woke::Poll => self.check_descendants(false),
             }
             self.process();
         }
@@ -225,6 +255,9 @@ impl Supervisor {
     /// The live descendants, or `None` when `/proc` could not be read (logged):
     /// then nothing may be concluded, least of all that none is left.
     fn descendants(&self) -> Option<Vec<procs::Proc>> {
+        if !self.proc_ok {
+            return None;
+        }
         match procs::descendants(self.me, &self.helpers()) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -256,6 +289,17 @@ impl Supervisor {
                 if self.child_alive {
                     log::debug!("forwarding {sig} to {}", self.forward_target());
                     self.send(self.forward_target(), sig);
+                } else if self.cfg.forward_to == ForwardTo::Group
+                    && self
+                        .descendants()
+                        .is_some_and(|v| v.iter().any(|p| p.pgid == self.child_pid))
+                {
+                    // The leader is gone but its group lives on (a group id is
+                    // not reused while a member exists, and a member was just seen).
+                    log::debug!("forwarding {sig} to process group {}", self.child_pid);
+                    self.send(-self.child_pid, sig);
+                } else {
+                    log::debug!("{sig} not forwarded: the main child is gone");
                 }
             }
             Action::SampleInFlight => {
@@ -299,7 +343,11 @@ impl Supervisor {
                 self.signal_remaining(sig);
             }
             Action::KillAll => self.kill_all(),
-            Action::StartTeardown(i) => self.start_step(i),
+            Action::StartTeardown(i) => {
+                // The drain is over: a teardown step's processes are not part of it.
+                self.ledger.close();
+                self.start_step(i);
+            }
             Action::KillTeardown(i) => {
                 if let Some(pid) = self.step.as_ref().and_then(|s| s.pid)
                     && self.reaper.borrow().is_waiting(pid)
@@ -332,6 +380,7 @@ impl Supervisor {
     }
 
     fn kill_all(&mut self) {
+        self.ledger.close();
         let mut killed = 0;
         // A few rounds: a process may fork between the snapshot and its SIGKILL.
         for _ in 0..3 {
@@ -395,6 +444,15 @@ impl Supervisor {
     }
 
     fn start_step(&mut self, i: usize) {
+        // The previous step was killed but never reaped (the machine gave up
+        // after its settle time): account for it before the next one starts.
+        if let Some(old) = self.step.take() {
+            self.steps_done.push(StepDone {
+                duration: old.started.elapsed(),
+                exit: None,
+                spawn_error: None,
+            });
+        }
         let step = &self.cfg.teardown[i];
         log::info!("teardown step '{}' starting", step.name);
         let started = Instant::now();
@@ -418,6 +476,9 @@ impl Supervisor {
                     rx: None,
                 });
                 self.finish_step(None);
+                if let Some(done) = self.steps_done.last_mut() {
+                    done.spawn_error = Some(crate::spawn::io_error_kind(&e));
+                }
             }
         }
     }
@@ -428,6 +489,7 @@ impl Supervisor {
         self.steps_done.push(StepDone {
             duration: step.started.elapsed(),
             exit,
+            spawn_error: None,
         });
         self.queue.push_back(Event::TeardownExited { ok });
     }
@@ -438,21 +500,13 @@ impl Supervisor {
             self.ledger.ended(*pid);
         }
         if let Some(exit) = round.main {
-            self.child_alive = false;
-            self.ledger.ended(self.child_pid);
-            log::info!(
-                "main child {} exited ({})",
-                self.child_pid,
-                describe_exit(exit)
-            );
-            self.queue.push_back(Event::ChildExited(exit));
-            self.process();
+            self.main_exited(exit);
         }
         self.check_descendants(round.none_left);
     }
 
     /// While the drain waits for descendants: notice when none is left.
-    /// `none_left`: the reaper saw `ECHILD`, conclusive without reading `/proc`.
+    /// `none_left`: the reaper saw `ECHILD`.
     ///
     /// Checking on SIGCHLD is enough: the last descendant to end is always a child
     /// of drainit (its parent is gone, so it was re-parented to drainit), and its
@@ -461,9 +515,29 @@ impl Supervisor {
         if !self.drain.waits_for_descendants() {
             return;
         }
-        if none_left || self.descendants().is_some_and(|v| v.is_empty()) {
+        // ECHILD is conclusive unless, as PID 1, processes from outside the
+        // namespace (never drainit's children) may be left: then /proc decides.
+        if none_left && (!self.is_pid1 || !self.proc_ok) {
+            self.queue.push_back(Event::DescendantsGone);
+            return;
+        }
+        let left = self.descendants();
+        self.outsiders = left.as_deref().is_some_and(procs::any_from_outside);
+        if left.is_some_and(|v| v.is_empty()) {
             self.queue.push_back(Event::DescendantsGone);
         }
+    }
+
+    fn main_exited(&mut self, exit: ChildExit) {
+        self.child_alive = false;
+        self.ledger.ended(self.child_pid);
+        log::info!(
+            "main child {} exited ({})",
+            self.child_pid,
+            describe_exit(exit)
+        );
+        self.queue.push_back(Event::ChildExited(exit));
+        self.process();
     }
 
     fn report(&mut self) -> Report {
@@ -484,7 +558,10 @@ impl Supervisor {
                     name: self.cfg.teardown[i].name.clone(),
                     ok: *end == crate::drain::StepEnd::Ok,
                     duration_ms: done.map_or(0, |d| d.duration.as_millis() as u64),
-                    error: report::step_error(*end, done.and_then(|d| d.exit), timeouts[i]),
+                    error: match done.and_then(|d| d.spawn_error.as_ref()) {
+                        Some(kind) => Some(format!("could not be started: {kind}")),
+                        None => report::step_error(*end, done.and_then(|d| d.exit), timeouts[i]),
+                    },
                 }
             })
             .collect();
@@ -532,7 +609,12 @@ enum Woke {
     Ready,
     StepExited(Option<ChildExit>),
     Tick,
+    Poll,
 }
+
+/// How often `/proc` is read while processes from outside the namespace remain in
+/// a drain (their end raises no SIGCHLD in drainit). Never while idle.
+const OUTSIDER_POLL: Duration = Duration::from_millis(100);
 
 /// The running teardown step's status; pending forever when there is none.
 async fn wait_step(rx: Option<&mut oneshot::Receiver<ChildExit>>) -> Option<ChildExit> {

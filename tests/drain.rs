@@ -760,3 +760,109 @@ time.sleep(30)
         "drainit holds {fds} fds: passed descriptors leaked"
     );
 }
+
+#[test]
+fn a_child_that_exits_just_before_the_drain_signal_keeps_its_exit_code() {
+    // The kernel hands out SIGTERM (15) before SIGCHLD (17): with drainit stopped
+    // while the child exits and the signal arrives, both are read together.
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            OFF,
+            "--pre-drain-delay",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.3; exit 7",
+        ],
+    );
+    r.child_running("sh");
+    assert!(kill(r.pid, libc::SIGSTOP));
+    // The child exits while drainit is stopped (it is a zombie then).
+    let zombie = wait_for(secs(5), || {
+        let c = *children_of(r.pid).first()?;
+        let st = std::fs::read_to_string(format!("/proc/{c}/stat")).ok()?;
+        st.contains(") Z ").then_some(())
+    });
+    r.signal(libc::SIGTERM);
+    assert!(kill(r.pid, libc::SIGCONT));
+    assert!(zombie.is_some(), "setup: the child did not exit");
+    let (rc, _) = r.wait(secs(5));
+    assert_eq!(rc, 7, "{}", r.stderr_text());
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "child_exited");
+    assert!(rep["signal"].is_null());
+}
+
+#[test]
+fn as_pid1_a_process_entered_from_outside_is_drained_too() {
+    // `docker exec` / nsenter: a process of the namespace whose parent is outside.
+    let mut r = Running::start(
+        Mode::Pid1,
+        &[
+            OFF,
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "5s",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    r.child_running("sleep");
+    let script = "trap 'echo \"entered: got TERM\" >> \"$MARK\"; sleep 0.4; echo \"entered: done\" >> \"$MARK\"; exit 0' TERM; echo \"entered: started\" >> \"$MARK\"; while :; do sleep 0.05; done";
+    let mut entered = std::process::Command::new("nsenter")
+        .args(["-t", &r.pid.to_string(), "-p", "-m", "sh", "-c", script])
+        .env("MARK", &r.mark)
+        .env("DRAINIT_TEST_TMP", r.tmp.path())
+        .spawn()
+        .unwrap();
+    assert!(r.wait_mark("entered: started", secs(5)));
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(8));
+    let _ = entered.wait();
+    assert_eq!(rc, 0, "{}", r.stderr_text());
+    assert!(
+        r.has("entered: done"),
+        "the entered process was not drained: {}",
+        r.marks()
+    );
+    assert!(elapsed >= 400);
+    let rep = r.report();
+    assert!(num(&rep, "drain.in_flight_at_start") >= 2, "{rep}");
+    assert_eq!(rep["abandoned"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn completed_never_counts_teardown_children_or_killed_processes() {
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            OFF,
+            "--pre-drain-delay",
+            "0s",
+            "--teardown",
+            "sh -c 'sleep 0.2 & exit 0'",
+            "--teardown",
+            "sleep 0.4",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    r.child_running("sleep");
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(6));
+    assert_eq!(rc, 0, "{}", r.stderr_text());
+    let rep = r.report();
+    assert_eq!(
+        (
+            num(&rep, "drain.in_flight_at_start"),
+            num(&rep, "drain.completed")
+        ),
+        (1, 1),
+        "{rep}"
+    );
+}
