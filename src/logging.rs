@@ -8,8 +8,10 @@
 //! child (same open file description): when nobody reads it (a log shipper that
 //! stalled, `drainit … | sleep 20`), write(2) blocks once the pipe is full. Had the
 //! supervisor thread made that write, it would freeze in it: no forward, no SIGKILL
-//! at the deadline, `/healthz` timing out. So every line goes through a bounded
-//! queue to a dedicated writer thread, and a full queue drops the line (counted, and
+//! at the deadline, `/healthz` timing out. So a line is written at once only when
+//! that cannot block (nothing queued, and a zero-timeout poll says stderr has room
+//! for it); otherwise it goes through a bounded queue to a writer thread, started
+//! the first time it is needed, and a full queue drops the line (counted, and
 //! announced as "N log lines dropped" once there is room again). O_NONBLOCK on fd 2
 //! is not an option: the flag lives in the open file description, which the child
 //! shares, and would hand it EAGAIN on its own writes.
@@ -55,6 +57,9 @@ pub struct Queue {
     tx: SyncSender<Msg>,
     /// Lines dropped because the queue was full and not yet announced.
     dropped: AtomicU64,
+    /// Messages queued and not yet written: while 0, the caller may write itself
+    /// (see [`direct`]) without passing a line still in the queue.
+    backlog: std::sync::Arc<AtomicU64>,
 }
 
 impl Queue {
@@ -73,24 +78,42 @@ impl Queue {
         capacity: usize,
     ) -> std::io::Result<Queue> {
         let (tx, rx) = mpsc::sync_channel(capacity);
+        let backlog = std::sync::Arc::new(AtomicU64::new(0));
+        let written = backlog.clone();
         std::thread::Builder::new()
             .name("drainit-log".into())
-            .spawn(move || write_lines(out, format, rx))?;
+            .spawn(move || write_lines(out, format, rx, &written))?;
         Ok(Queue {
             tx,
             dropped: AtomicU64::new(0),
+            backlog,
         })
+    }
+
+    /// Nothing is queued or being written.
+    fn idle(&self) -> bool {
+        self.backlog.load(Ordering::Acquire) == 0 && self.dropped.load(Ordering::Relaxed) == 0
+    }
+
+    /// `try_send` that keeps the backlog count.
+    fn try_send(&self, msg: Msg) -> Result<(), TrySendError<Msg>> {
+        self.backlog.fetch_add(1, Ordering::AcqRel);
+        let r = self.tx.try_send(msg);
+        if r.is_err() {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+        }
+        r
     }
 
     /// Queues a formatted line (newline included). Never blocks: when the queue is
     /// full the line is dropped and counted.
     pub fn push(&self, line: String) {
         let pending = self.dropped.swap(0, Ordering::Relaxed);
-        if pending > 0 && self.tx.try_send(Msg::Dropped(pending)).is_err() {
+        if pending > 0 && self.try_send(Msg::Dropped(pending)).is_err() {
             self.dropped.fetch_add(pending + 1, Ordering::Relaxed);
             return;
         }
-        match self.tx.try_send(Msg::Line(line)) {
+        match self.try_send(Msg::Line(line)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +156,7 @@ impl Queue {
     /// exit or after a panic, and only while the queue is full.
     fn send_until(&self, mut msg: Msg, deadline: Instant) -> bool {
         loop {
-            match self.tx.try_send(msg) {
+            match self.try_send(msg) {
                 Ok(()) => return true,
                 Err(TrySendError::Disconnected(_)) => return false,
                 Err(TrySendError::Full(m)) => {
@@ -150,8 +173,9 @@ impl Queue {
 
 /// The writer thread: writes each message in order, ignoring write errors; stops
 /// after the exit report, or when the queue is gone.
-fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>) {
+fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>, backlog: &AtomicU64) {
     for msg in rx {
+        let _written = Written(backlog);
         match msg {
             Msg::Line(line) => {
                 let _ = out.write_all(line.as_bytes());
@@ -178,6 +202,39 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>) {
             }
         }
     }
+}
+
+/// Counts a message as written when it goes out of scope (also on `return`).
+struct Written<'a>(&'a AtomicU64);
+
+impl Drop for Written<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The fast path, on the caller's thread: write `bytes` to stderr at once if that
+/// cannot block. POSIX makes a pipe write of at most PIPE_BUF (4096) bytes atomic,
+/// and Linux reports POLLOUT on a pipe only while a whole buffer page is free, so a
+/// line that size written after a zero-timeout poll said POLLOUT does not block;
+/// regular files never do. Returns `false` (nothing written) otherwise: the caller
+/// queues the line for the writer thread. This keeps the common case (stderr
+/// drained) free of any thread hand-off.
+fn direct(bytes: &[u8]) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    if bytes.len() > 4096 {
+        return false;
+    }
+    let stderr = std::io::stderr();
+    let mut fds = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
+    let writable = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+        && fds[0].revents().is_some_and(|r| r == PollFlags::POLLOUT);
+    if writable {
+        // Errors (a closed stderr) are ignored, like every write here.
+        let _ = stderr.lock().write_all(bytes);
+    }
+    writable
 }
 
 /// One log line in `format`, newline included.
@@ -216,14 +273,7 @@ impl log::Log for Logger {
             return;
         }
         let line = format_line(self.format, record.level(), &record.args().to_string());
-        match QUEUE.get() {
-            Some(q) => q.push(line),
-            // No writer thread (it could not be created): write directly, which
-            // may block on a full pipe, as a last resort.
-            None => {
-                let _ = std::io::stderr().lock().write_all(line.as_bytes());
-            }
-        }
+        emit(self.format, line);
     }
 
     fn flush(&self) {
@@ -233,29 +283,60 @@ impl log::Log for Logger {
     }
 }
 
-/// Installs the logger and starts its writer thread (once; later calls change
-/// nothing). Also routes panic messages through the queue, so that a panic (in a
-/// probe connection, say) never blocks on a stuck stderr for more than 1 s.
+/// Installs the logger (once; later calls change nothing). Also routes panic
+/// messages the same way, so that a panic (in a probe connection, say) never blocks
+/// on a stuck stderr for more than 1 s.
 ///
-/// Call it after `signals::block_caught()`: the writer thread inherits the calling
-/// thread's signal mask, and must block the caught signals like every thread of
-/// drainit, or the kernel could deliver a signal to it instead of the signalfd.
+/// Call it after `signals::block_caught()`: the writer thread, when one is started,
+/// inherits the signal mask of the thread that logs, and must block the caught
+/// signals like every thread of drainit, or the kernel could deliver a signal to it
+/// instead of the signalfd.
 pub fn init(format: LogFormat, level: log::LevelFilter) {
-    if QUEUE.get().is_none()
-        && let Ok(q) = Queue::start(std::io::stderr(), format, QUEUE_LINES)
-    {
-        let _ = QUEUE.set(q);
-    }
+    let _ = FORMAT.set(format);
     let logger: &'static Logger = Box::leak(Box::new(Logger { format }));
     if log::set_logger(logger).is_ok() {
         log::set_max_level(level);
-        if QUEUE.get().is_some() {
-            std::panic::set_hook(Box::new(move |info| {
-                if let Some(q) = QUEUE.get() {
-                    q.push(format_line(format, log::Level::Error, &info.to_string()));
-                    q.flush_within(PANIC_WRITE_BOUND);
-                }
-            }));
+        std::panic::set_hook(Box::new(move |info| {
+            emit(
+                format,
+                format_line(format, log::Level::Error, &info.to_string()),
+            );
+            if let Some(q) = QUEUE.get() {
+                q.flush_within(PANIC_WRITE_BOUND);
+            }
+        }));
+    }
+}
+
+/// The process's queue, started on first use; `None` if its thread cannot be
+/// created.
+fn queue(format: LogFormat) -> Option<&'static Queue> {
+    if let Some(q) = QUEUE.get() {
+        return Some(q);
+    }
+    let q = Queue::start(std::io::stderr(), format, QUEUE_LINES).ok()?;
+    Some(QUEUE.get_or_init(|| q))
+}
+
+/// The log format [`init`] was given (for lines the writer thread makes itself).
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Writes `line` at once when that cannot block and nothing is queued before it;
+/// otherwise queues it for the writer thread, which is started the first time it
+/// is needed (so a run whose stderr keeps up never creates it). The thread is
+/// started from the thread that logs, which blocks the caught signals, and
+/// inherits that mask.
+fn emit(format: LogFormat, line: String) {
+    let queue = QUEUE.get();
+    if queue.is_none_or(Queue::idle) && direct(line.as_bytes()) {
+        return;
+    }
+    match self::queue(format) {
+        Some(q) => q.push(line),
+        // No writer thread (it could not be created): write directly, which may
+        // block on a full pipe, as a last resort.
+        None => {
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
 }
@@ -266,7 +347,9 @@ pub fn init(format: LogFormat, level: log::LevelFilter) {
 /// thread, so a line still queued would be lost. Returns whether all were
 /// written; `true` without [`init`] (lines were written directly).
 pub fn flush(within: Duration) -> bool {
-    QUEUE.get().is_none_or(|q| q.flush_within(within))
+    QUEUE
+        .get()
+        .is_none_or(|q| q.idle() || q.flush_within(within))
 }
 
 /// Writes `line` (the exit report, without newline) as the last line of stderr,
@@ -275,7 +358,10 @@ pub fn flush(within: Duration) -> bool {
 /// never forever. Without [`init`] (errors before the logger exists) the line is
 /// written directly. Returns whether it was written; errors are ignored.
 pub fn write_final(line: &str, within: Duration) -> bool {
-    match QUEUE.get() {
+    if QUEUE.get().is_none_or(Queue::idle) && direct(format!("{line}\n").as_bytes()) {
+        return true;
+    }
+    match queue(FORMAT.get().copied().unwrap_or(LogFormat::Text)) {
         Some(q) => q.write_final(line, within),
         None => {
             let mut err = std::io::stderr().lock();
