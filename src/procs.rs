@@ -26,6 +26,9 @@ pub struct Proc {
     pub start: u64,
     /// Exited but not yet reaped by its parent.
     pub zombie: bool,
+    /// Stopped by a signal (state `T`): it cannot act on a drain signal until
+    /// it gets SIGCONT.
+    pub stopped: bool,
 }
 
 impl Proc {
@@ -48,6 +51,7 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
         pid,
         comm,
         zombie: matches!(rest.first()?.chars().next()?, 'Z' | 'X'),
+        stopped: rest.first()?.starts_with('T'),
         ppid: rest.get(1)?.parse().ok()?,
         pgid: rest.get(2)?.parse().ok()?,
         start: rest.get(19)?.parse().ok()?,
@@ -250,6 +254,7 @@ mod tests {
             comm: format!("p{pid}"),
             start: 0,
             zombie,
+            stopped: false,
         }
     }
 

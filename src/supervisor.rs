@@ -327,9 +327,11 @@ impl Supervisor {
             }
             Action::ForwardDrain(sig) => {
                 let target = self.forward_target();
+                let mut stopped = false;
                 for p in self.descendants().unwrap_or_default() {
                     if p.pid == self.child_pid || (target < 0 && p.pgid == self.child_pid) {
                         self.signalled.insert(p.id());
+                        stopped |= p.stopped;
                     }
                 }
                 log::info!(
@@ -338,6 +340,11 @@ impl Supervisor {
                     target.abs()
                 );
                 self.send(target, sig);
+                if stopped {
+                    // A stopped process cannot act on the drain signal: wake it, as
+                    // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
+                    self.send(target, Signal::CONT);
+                }
             }
             Action::SignalRemaining(sig) => {
                 self.signal_remaining(sig);
@@ -375,6 +382,9 @@ impl Supervisor {
             if self.signalled.insert(p.id()) {
                 log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
                 self.send(p.pid, sig);
+                if p.stopped {
+                    self.send(p.pid, Signal::CONT);
+                }
             }
         }
     }

@@ -866,3 +866,33 @@ fn completed_never_counts_teardown_children_or_killed_processes() {
         "{rep}"
     );
 }
+
+#[test]
+fn a_stopped_child_is_woken_to_act_on_the_drain_signal() {
+    let app = sigapp("app", &["CLEANUP=0.1"]);
+    let mut r = Running::start(
+        Mode::Pid1,
+        &cmd(
+            &[OFF, "--pre-drain-delay", "0s", "--drain-timeout", "3s"],
+            &app,
+        ),
+    );
+    r.wait_started(&["app"]);
+    let child = children_of(r.pid)[0];
+    assert!(kill(child, libc::SIGSTOP));
+    wait_for(secs(3), || {
+        let st = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        st.contains(") T ").then_some(())
+    })
+    .expect("setup: the child stops");
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(6));
+    assert_eq!(
+        rc,
+        0,
+        "a stopped child must get SIGCONT after the drain signal: {}",
+        r.stderr_text()
+    );
+    assert!(elapsed < 2500, "{elapsed}");
+    assert!(r.has("app: cleanup done"));
+}
