@@ -7,7 +7,7 @@
 //! Must not: start anything. A bad value is found here, before the probe socket is
 //! bound or the child spawned, so bad input never leaves a half-started app.
 //!
-//! Shape (ripgrep's): clap parses raw strings into [`Cli`]; [`load`] validates them,
+//! Shape (ripgrep's): clap parses raw strings into [`Cli`]; [`load_from`] validates them,
 //! together with the environment and the file, into the [`Config`] the rest of
 //! drainit uses. Values are kept as strings until then so that an error can name
 //! where the value came from: the flag, the `DRAINIT_*` variable, or the file's key
@@ -47,7 +47,7 @@ Exit codes: 0 drained, 2 abandoned or teardown failed, N the child's own code
 (128+S for a signal), 126 cannot execute, 127 not found, 64 usage, 78 configuration,
 1 internal error.";
 
-/// The raw command line. Values stay strings here; [`load`] validates them.
+/// The raw command line. Values stay strings here; [`load_from`] validates them.
 #[derive(Parser, Debug)]
 #[command(
     name = "drainit",

@@ -50,9 +50,15 @@
 //! `--ready-notify`, the app's `READY=1` have passed; from then on `/readyz`
 //! re-evaluates the checks per request, concurrent requests sharing one evaluation.
 //!
+//! **Threads.** One: the supervisor, the reaper, the probe server, the checks and
+//! the notify socket are tasks of a single-threaded tokio runtime. A second thread
+//! exists only if stderr falls behind ([`logging`]): log lines then go to a writer
+//! thread through a bounded queue, so a stderr nobody reads never blocks the loop.
+//! Every thread blocks the caught signals (they inherit the block from `main`).
+//!
 //! **The two error regimes.** Before the spawn, everything fallible happens (flags,
 //! config file, probe socket, signalfd) and a failure exits at once with a message
-//! "<action> failed: <cause>" and the documented code (64, 78, 1), so bad input
+//! "`<action> failed: <cause>`" and the documented code (64, 78, 1), so bad input
 //! never leaves a half-started app. After the spawn nothing leaves the event loop
 //! but the planned exit: errors are logged and the loop carries on.
 
