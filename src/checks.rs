@@ -225,20 +225,27 @@ async fn tcp(addr: &str) -> Result<tokio::net::TcpStream, String> {
 
 struct Target<'a> {
     hostport: &'a str,
-    path: &'a str,
+    path: String,
     userinfo: Option<&'a str>,
 }
 
 fn split_url(url: &str) -> Option<Target<'_>> {
     let rest = url.strip_prefix("http://")?;
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (authority, target) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
     let (userinfo, hostport) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
+    // The fragment is never sent; a query without a path gets the root path.
+    let target = target.split('#').next().unwrap_or("");
+    let path = match target {
+        "" => "/".to_string(),
+        t if t.starts_with('?') => format!("/{t}"),
+        t => t.to_string(),
+    };
     Some(Target {
         hostport,
-        path: if path.is_empty() { "/" } else { path },
+        path,
         userinfo,
     })
 }
@@ -365,9 +372,11 @@ mod tests {
     fn url_parts() {
         let t = split_url("http://u:p@127.0.0.1:8080/health?x=1").unwrap();
         assert_eq!(
-            (t.hostport, t.path, t.userinfo),
+            (t.hostport, t.path.as_str(), t.userinfo),
             ("127.0.0.1:8080", "/health?x=1", Some("u:p"))
         );
         assert_eq!(split_url("http://h").unwrap().path, "/");
+        let t = split_url("http://h:9?x=1#frag").unwrap();
+        assert_eq!((t.hostport, t.path.as_str()), ("h:9", "/?x=1"));
     }
 }

@@ -403,12 +403,11 @@ fn parse_http_target(s: &str) -> Result<String, String> {
     {
         return Err(format!("'{}' has no valid port", redact_url(s)));
     }
-    // What the check will send must parse as a request target (no spaces, no
-    // control characters): found now, not as "bad url" on every probe.
-    let target = &rest[authority.len()..];
-    let target = if target.is_empty() { "/" } else { target };
-    if target.parse::<hyper::Uri>().is_err() {
-        return Err(format!("'{}' has an invalid path or query", redact_url(s)));
+    // The whole URL must parse (no spaces, a real host, one port): found now, not
+    // as a check that can never pass.
+    match t.parse::<hyper::Uri>() {
+        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => {}
+        _ => return Err(format!("'{}' is not a valid URL", redact_url(s))),
     }
     Ok(t.to_string())
 }

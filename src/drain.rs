@@ -463,7 +463,12 @@ impl Drain {
         match self.wait {
             Wait::PreDrain => self.forward_drain(now, out),
             Wait::Descendants => self.kill_all(now, out),
-            Wait::KillSettle(_) => self.finish_drain(now, out),
+            Wait::KillSettle(_) => {
+                // The settle ran out. A main child that cannot be reaped (stuck in
+                // uninterruptible sleep, frozen) must not hold drainit: go on
+                // without its status.
+                self.finish_drain_anyway(now, out);
+            }
             Wait::Teardown(i, _) => {
                 self.wait = Wait::TeardownKilled(i, now + KILL_SETTLE);
                 out.push(Action::KillTeardown(i));
@@ -493,6 +498,12 @@ impl Drain {
         self.wait = Wait::KillSettle(now + KILL_SETTLE);
         self.gone = false;
         out.push(Action::KillAll);
+    }
+
+    fn finish_drain_anyway(&mut self, now: At, out: &mut Vec<Action>) {
+        self.timeline.finished_at = Some(now);
+        self.phase = Phase::Stopping;
+        self.next_teardown(now, 0, out);
     }
 
     fn finish_drain(&mut self, now: At, out: &mut Vec<Action>) {
@@ -791,6 +802,19 @@ mod tests {
         assert_eq!(d.next_deadline(), Some(ms(26000)));
         let a = d.handle(ms(26000), Event::Tick);
         assert_eq!(exit_of(&a).unwrap().code, 2);
+    }
+
+    #[test]
+    fn an_unreapable_main_child_does_not_hold_drainit_after_the_settle() {
+        let mut d = ready(policy());
+        d.handle(ms(0), TERM);
+        d.handle(ms(5000), Event::Tick);
+        assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
+        d.handle(ms(25000), Event::Killed(1));
+        // The child is never reaped: after the settle drainit goes on, once.
+        let a = d.handle(ms(26000), Event::Tick);
+        assert_eq!(exit_of(&a).unwrap().code, 2);
+        assert_eq!(d.next_deadline(), None, "no deadline left to spin on");
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //! stalled, `drainit … | sleep 20`), write(2) blocks once the pipe is full. Had the
 //! supervisor thread made that write, it would freeze in it: no forward, no SIGKILL
 //! at the deadline, `/healthz` timing out. So a line is written at once only when
-//! that cannot block (nothing queued, and a zero-timeout poll says stderr has room
-//! for it); otherwise it goes through a bounded queue to a writer thread, started
-//! the first time it is needed, and a full queue drops the line (counted, and
+//! that cannot block (nothing queued, and stderr is a regular file or /dev/null);
+//! otherwise it goes through a bounded queue to a writer thread, started the first
+//! time it is needed, and a full queue drops the line (counted, and
 //! announced as "N log lines dropped" once there is room again). O_NONBLOCK on fd 2
 //! is not an option: the flag lives in the open file description, which the child
 //! shares, and would hand it EAGAIN on its own writes.
@@ -213,29 +213,38 @@ impl Drop for Written<'_> {
     }
 }
 
-/// The fast path, on the caller's thread: write `bytes` to stderr at once if that
-/// cannot block. POSIX makes a pipe write of at most PIPE_BUF (4096) bytes atomic,
-/// and Linux reports POLLOUT on a pipe only while a whole buffer page is free, so a
-/// line that size written after a zero-timeout poll said POLLOUT does not block;
-/// regular files never do. Returns `false` (nothing written) otherwise: the caller
-/// queues the line for the writer thread. This keeps the common case (stderr
-/// drained) free of any thread hand-off.
+/// The fast path, on the caller's thread: write `bytes` to stderr at once, only
+/// when stderr is a regular file or `/dev/null`, which never block. A pipe, a
+/// terminal or a socket may fill between any check and the write (the child writes
+/// to the same pipe), so for those every line goes through the writer thread.
+/// Returns `false` (nothing written) when the caller must queue the line.
 fn direct(bytes: &[u8]) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    use std::os::fd::AsFd;
-    if bytes.len() > 4096 {
+    if !*STDERR_NEVER_BLOCKS.get_or_init(stderr_never_blocks) {
         return false;
     }
-    let stderr = std::io::stderr();
-    let mut fds = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
-    let writable = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
-        && fds[0].revents().is_some_and(|r| r == PollFlags::POLLOUT);
-    if writable {
-        // Errors (a closed stderr) are ignored, like every write here.
-        let _ = stderr.lock().write_all(bytes);
-    }
-    writable
+    // Errors (a full disk) are ignored, like every write here.
+    let _ = std::io::stderr().lock().write_all(bytes);
+    true
 }
+
+/// Whether fd 2 is a regular file or `/dev/null` (char device 1:3).
+fn stderr_never_blocks() -> bool {
+    use nix::sys::stat::{SFlag, fstat};
+    let Ok(st) = fstat(std::io::stderr()) else {
+        return false;
+    };
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    kind == SFlag::S_IFREG
+        || (kind == SFlag::S_IFCHR
+            && nix::sys::stat::major(st.st_rdev) == 1
+            && nix::sys::stat::minor(st.st_rdev) == 3)
+}
+
+static STDERR_NEVER_BLOCKS: OnceLock<bool> = OnceLock::new();
+
+/// Set once the exit report was handed over: [`flush`] then waits no more (the
+/// report's own bound already covered a stuck stderr).
+static FINAL_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// One log line in `format`, newline included.
 fn format_line(format: LogFormat, level: log::Level, msg: &str) -> String {
@@ -358,6 +367,7 @@ pub fn flush(within: Duration) -> bool {
 /// never forever. Without [`init`] (errors before the logger exists) the line is
 /// written directly. Returns whether it was written; errors are ignored.
 pub fn write_final(line: &str, within: Duration) -> bool {
+    FINAL_DONE.store(true, Ordering::Relaxed);
     if QUEUE.get().is_none_or(Queue::idle) && direct(format!("{line}\n").as_bytes()) {
         return true;
     }

@@ -476,13 +476,20 @@ impl App {
             let _ = tx.send(());
             if let Some(w) = self.interval
                 && self.deadline.is_none()
+                && watchdog_applies(self.state_tx.borrow().phase)
+                && !self.state_tx.borrow().app_stopping
             {
                 self.deadline = Some(tokio::time::Instant::now() + w);
             }
         }
         if let Some(w) = m.watchdog {
             self.interval = w;
-            self.deadline = w.map(|w| tokio::time::Instant::now() + w);
+            // Never armed during a drain: /healthz must not fail because of one.
+            let applies = watchdog_applies(self.state_tx.borrow().phase)
+                && !self.state_tx.borrow().app_stopping;
+            self.deadline = w
+                .filter(|_| applies)
+                .map(|w| tokio::time::Instant::now() + w);
             log::info!(
                 "the app set its watchdog to {}",
                 w.map_or("off".into(), crate::checks::fmt_ms)
