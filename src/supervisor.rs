@@ -187,12 +187,24 @@ impl Supervisor {
             match woke {
                 Woke::Signals(received) => {
                     let mut chld = false;
+                    let mut stopped_with_us = None;
                     if received.iter().any(|r| r.signal == Signal::CHLD) {
                         // The main child may have exited before the other signals
-                        // of this batch were sent: its exit comes first.
+                        // of this batch were sent: its exit comes first...
                         let exit = self.reaper.borrow_mut().reap_main();
-                        if let Some(exit) = exit {
-                            self.main_exited(exit);
+                        match exit {
+                            // ...unless a drain signal of this very batch killed it:
+                            // the stop signal reached both at once (systemd's
+                            // KillMode=control-group, `kill -TERM -- -PGID`). That is
+                            // a drain, not a crash.
+                            Some(ChildExit::Signal(s))
+                                if self.cfg.drain_signals.contains(&s)
+                                    && received.iter().any(|r| r.signal == s) =>
+                            {
+                                stopped_with_us = exit;
+                            }
+                            Some(exit) => self.main_exited(exit),
+                            None => {}
                         }
                     }
                     for r in received {
@@ -204,6 +216,9 @@ impl Supervisor {
                             // Beat 1 is taken before anything else, in this step.
                             self.process();
                         }
+                    }
+                    if let Some(exit) = stopped_with_us {
+                        self.main_exited(exit);
                     }
                     if chld {
                         self.on_sigchld();

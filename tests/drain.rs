@@ -896,3 +896,28 @@ fn a_stopped_child_is_woken_to_act_on_the_drain_signal() {
     assert!(elapsed < 2500, "{elapsed}");
     assert!(r.has("app: cleanup done"));
 }
+
+#[test]
+fn a_stop_signal_that_reaches_drainit_and_the_child_at_once_is_a_drain() {
+    // systemd's KillMode=control-group signals every process of the unit at once:
+    // the child dies of the very SIGTERM drainit reads with its SIGCHLD.
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[OFF, "--pre-drain-delay", "1s", "--", "sleep", "30"],
+    );
+    let child = r.child_running("sleep");
+    assert!(kill(r.pid, libc::SIGSTOP));
+    assert!(kill(child, libc::SIGTERM));
+    wait_for(secs(5), || {
+        let st = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        st.contains(") Z ").then_some(())
+    })
+    .expect("setup: the child dies");
+    r.signal(libc::SIGTERM);
+    assert!(kill(r.pid, libc::SIGCONT));
+    let (rc, _) = r.wait(secs(5));
+    assert_eq!(rc, 0, "{}", r.stderr_text());
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "drained");
+    assert_eq!(text(&rep, "child.exit.signal"), "SIGTERM");
+}
