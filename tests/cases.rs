@@ -121,9 +121,7 @@ fn b03_app_behind_a_non_exec_shell_drains() {
             &app,
         ),
     );
-    r.wait_started(&["app"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(8));
+    let (rc, elapsed) = r.stop_after_start(&["app"], secs(8));
     assert_eq!(rc, 0);
     assert!(r.has("app: cleanup done"));
     assert_eq!(r.count("app: got SIGTERM"), 1);
@@ -154,9 +152,7 @@ fn b04_remaining_processes_finish_their_cleanup() {
             &app,
         ),
     );
-    r.wait_started(&["main", "worker"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(8));
+    let (rc, elapsed) = r.stop_after_start(&["main", "worker"], secs(8));
     assert_eq!(rc, 0);
     assert!(r.has("worker: cleanup done"));
     assert!(r.line_no("worker: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap());
@@ -180,9 +176,7 @@ fn b04_remaining_processes_finish_their_cleanup() {
             &app,
         ),
     );
-    r.wait_started(&["main", "worker"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(9));
+    let (rc, elapsed) = r.stop_after_start(&["main", "worker"], secs(9));
     assert_eq!(rc, 2);
     assert!(
         r.has("main: cleanup done")
@@ -314,9 +308,7 @@ fn b12_setsid_descendant_gets_term() {
                 &app,
             ),
         );
-        r.wait_started(&["main", "daemon"]);
-        r.signal(libc::SIGTERM);
-        let (rc, elapsed) = r.wait(secs(8));
+        let (rc, elapsed) = r.stop_after_start(&["main", "daemon"], secs(8));
         assert_eq!(rc, 0);
         assert!(r.has("daemon: cleanup done"), "{mode}: {}", r.marks());
         assert_eq!(r.count("daemon: got SIGTERM"), 1);
@@ -374,9 +366,7 @@ fn b16_drain_timeout_enforced_with_sigkill() {
             &app,
         ),
     );
-    r.wait_started(&["app"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(8));
+    let (rc, elapsed) = r.stop_after_start(&["app"], secs(8));
     assert_eq!(rc, 2);
     assert!((2300..4500).contains(&elapsed));
     let rep = r.report();
@@ -509,9 +499,7 @@ fn b20_helpers_outlive_the_apps_drain() {
             &app,
         ),
     );
-    r.wait_started(&["main", "helper"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(8));
+    let (rc, elapsed) = r.stop_after_start(&["main", "helper"], secs(8));
     assert_eq!(rc, 0);
     assert!(
         r.line_no("helper: got SIGTERM").unwrap() > r.line_no("main: cleanup done").unwrap(),
@@ -563,19 +551,14 @@ fn b21_inherited_fds_closed_in_drainit() {
 #[test]
 fn b25_terminal_foreground_and_ctrl_c() {
     let tmp = TmpDir::new("b25");
-    let out = tmp.join("tty.out");
     let app = "import os, time; print('fg=%s' % (os.tcgetpgrp(0) == os.getpgrp()), flush=True); print('APP' + ' READY', flush=True); time.sleep(30)";
-    let res = std::process::Command::new(python())
-        .args([
-            fixture("pty_run.py").as_str(),
-            "--ctrl-c-after",
-            "APP READY",
-            out.to_str().unwrap(),
-            "--",
-        ])
-        .args([
+    let launch = fixture("launch.py");
+    let (res, text) = run_on_pty(
+        &tmp,
+        "APP READY",
+        &[
             python(),
-            fixture("launch.py").as_str(),
+            &launch,
             "--",
             bin(),
             OFF,
@@ -583,16 +566,9 @@ fn b25_terminal_foreground_and_ctrl_c() {
             python(),
             "-c",
             app,
-        ])
-        .env("DRAINIT_TEST_TMP", tmp.path())
-        .output()
-        .unwrap();
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(
-        String::from_utf8_lossy(&res.stdout).trim(),
-        "exit 130",
-        "{text}"
+        ],
     );
+    assert_eq!(res, "exit 130", "{text}");
     assert!(text.contains("fg=True"), "{text}");
 }
 

@@ -102,9 +102,7 @@ fn the_child_gets_the_signal_no_earlier_than_the_delay_and_exactly_once() {
                 &app,
             ),
         );
-        r.wait_started(&["app"]);
-        r.signal(libc::SIGTERM);
-        let (rc, _) = r.wait(secs(6));
+        let (rc, _) = r.stop_after_start(&["app"], secs(6));
         assert_eq!(rc, 0);
         let dt = r.mark_t("app: got SIGTERM").unwrap() as i64 - r.t0 as i64;
         assert!(
@@ -142,9 +140,7 @@ fn a_signal_before_readiness_skips_the_delay() {
             &app,
         ),
     );
-    r.wait_started(&["app"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(4));
+    let (rc, elapsed) = r.stop_after_start(&["app"], secs(4));
     assert_eq!(rc, 0);
     assert!(
         elapsed < 2000,
@@ -172,9 +168,7 @@ fn an_app_ignoring_term_is_killed_at_the_deadline_and_reported_abandoned() {
                 &app,
             ),
         );
-        r.wait_started(&["app"]);
-        r.signal(libc::SIGTERM);
-        let (rc, elapsed) = r.wait(secs(6));
+        let (rc, elapsed) = r.stop_after_start(&["app"], secs(6));
         assert_eq!(rc, 2, "{mode:?}");
         assert!(
             elapsed >= 1200,
@@ -294,9 +288,7 @@ fn a_shell_wrapper_without_exec_drains_its_app() {
                 &app,
             ),
         );
-        r.wait_started(&["app"]);
-        r.signal(libc::SIGTERM);
-        let (rc, elapsed) = r.wait(secs(8));
+        let (rc, elapsed) = r.stop_after_start(&["app"], secs(8));
         assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
         assert!(r.has("app: cleanup done"), "{mode:?}: {}", r.marks());
         assert_eq!(r.count("app: got SIGTERM"), 1);
@@ -326,9 +318,7 @@ fn a_worker_behind_a_master_is_signalled_only_after_the_master_drained() {
                 &sh,
             ),
         );
-        r.wait_started(&["master", "worker"]);
-        r.signal(libc::SIGTERM);
-        let (rc, _) = r.wait(secs(8));
+        let (rc, _) = r.stop_after_start(&["master", "worker"], secs(8));
         assert_eq!(rc, 0);
         let (m, w) = (
             r.line_no("master: cleanup done").unwrap(),
@@ -361,9 +351,7 @@ fn the_deadline_is_not_restarted_when_the_main_child_exits() {
             &sh,
         ),
     );
-    r.wait_started(&["main", "worker"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(8));
+    let (rc, elapsed) = r.stop_after_start(&["main", "worker"], secs(8));
     assert_eq!(rc, 2);
     assert!(
         (1400..2600).contains(&elapsed),
@@ -442,9 +430,7 @@ fn teardown_runs_after_the_drain_and_its_failure_or_hang_gives_two() {
             &app,
         ),
     );
-    r.wait_started(&["app"]);
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(5));
+    let (rc, elapsed) = r.stop_after_start(&["app"], secs(5));
     assert_eq!(rc, 2);
     assert!((600..2500).contains(&elapsed), "{elapsed} ms");
     let rep = r.report();

@@ -559,21 +559,14 @@ fn terminal_foreground_group_under_script() {
 #[test]
 fn ctrl_c_on_a_terminal_reaches_the_app_not_a_drain() {
     let tmp = TmpDir::new("pty");
-    let out = tmp.join("tty.out");
     let app = "import time; print('APP' + ' READY', flush=True); time.sleep(30)";
-    let res = std::process::Command::new(python())
-        .args([
-            fixture("pty_run.py").as_str(),
-            "--ctrl-c-after",
-            "APP READY",
-            "--timeout",
-            "10",
-            out.to_str().unwrap(),
-            "--",
-        ])
-        .args([
+    let launch = fixture("launch.py");
+    let (res, text) = run_on_pty(
+        &tmp,
+        "APP READY",
+        &[
             python(),
-            fixture("launch.py").as_str(),
+            &launch,
             "--",
             bin(),
             OFF,
@@ -583,12 +576,8 @@ fn ctrl_c_on_a_terminal_reaches_the_app_not_a_drain() {
             python(),
             "-c",
             app,
-        ])
-        .env("DRAINIT_TEST_TMP", tmp.path())
-        .output()
-        .unwrap();
-    let res = String::from_utf8_lossy(&res.stdout).trim().to_string();
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
+        ],
+    );
     assert_eq!(res, "exit 130", "{text}");
     let last = text.lines().rev().find(|l| l.starts_with('{')).unwrap();
     let rep: Value = serde_json::from_str(last).unwrap();

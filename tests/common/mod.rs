@@ -513,3 +513,36 @@ pub fn http(port: u16, path: &str, method: &str) -> (u16, String, String) {
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
     (status, head.to_ascii_lowercase(), body.to_string())
 }
+
+impl Running {
+    /// Waits until every name logged "started", sends SIGTERM and waits at most
+    /// `within` for drainit to exit: (exit code, ms since the SIGTERM).
+    pub fn stop_after_start(&mut self, names: &[&str], within: Duration) -> (i32, u64) {
+        self.wait_started(names);
+        self.signal(libc::SIGTERM);
+        self.wait(within)
+    }
+}
+
+/// Runs CMD as the session leader of a new pseudo-terminal (tests/fixtures/pty_run.py),
+/// types Ctrl-C once `ready` appeared on it; returns ("exit N" or "timeout", what the
+/// terminal showed).
+pub fn run_on_pty(tmp: &TmpDir, ready: &str, cmd: &[&str]) -> (String, String) {
+    let out = tmp.join("tty.out");
+    let res = Command::new(python())
+        .args([
+            fixture("pty_run.py").as_str(),
+            "--ctrl-c-after",
+            ready,
+            "--timeout",
+            "10",
+        ])
+        .arg(&out)
+        .arg("--")
+        .args(cmd)
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&res.stdout).trim().to_string();
+    (status, fs::read_to_string(&out).unwrap_or_default())
+}
