@@ -8,11 +8,13 @@
 //! handler, so there is nothing to reset but std's SIGPIPE), and the fds drainit
 //! inherited; drainit's own fds are all close-on-exec.
 //!
-//! Must not: wait for anything (the reaper does). `Command::spawn` is used only as a
-//! fork with an exec-error pipe: the exec itself happens inside `pre_exec`, with an
-//! argv and environment built before the fork, because the child's environment may
-//! need the child's own pid (`LISTEN_PID`, socket activation) and nothing may be
-//! allocated after `fork` in a process that has threads.
+//! Must not: wait for anything (the reaper does), except for a main child whose exec
+//! failed, reaped in [`spawn_child`] before the reaper knows of it. The main child
+//! is started the way glibc's `posix_spawn` starts one (`clone(CLONE_VM |
+//! CLONE_VFORK)`, then `execvpe` with an argv and environment built before the
+//! clone), because its environment may need its own pid (`LISTEN_PID`, socket
+//! activation) and nothing may be allocated between the clone and the exec.
+//! Helpers go through `Command::spawn`.
 
 use std::ffi::{CString, OsString};
 use std::io;
@@ -21,7 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, pthread_sigmask};
-use nix::unistd::{Pid, getpgrp, getpid, isatty, setpgid, tcgetpgrp, tcsetpgrp};
+use nix::unistd::{getpgrp, isatty, tcgetpgrp};
 
 use crate::signals::InheritedMask;
 
@@ -86,24 +88,6 @@ pub struct ChildSpec {
     pub rewrite_listen_pid: bool,
 }
 
-/// A NULL-terminated `char *[]` for execvpe, built before the fork.
-struct CPtrs(Vec<*const libc::c_char>);
-// SAFETY: the pointers are only read, in the forked child, where there is one
-// thread; the strings they point to outlive the spawn (see `spawn_child`).
-#[allow(unsafe_code)]
-unsafe impl Send for CPtrs {}
-
-impl CPtrs {
-    fn as_ptr(&self) -> *const *const libc::c_char {
-        self.0.as_ptr()
-    }
-    fn first(&self) -> *const libc::c_char {
-        self.0[0]
-    }
-}
-#[allow(unsafe_code)]
-unsafe impl Sync for CPtrs {}
-
 const LISTEN_PID: &[u8] = b"LISTEN_PID=";
 /// Room for "LISTEN_PID=" + the digits of any pid + NUL.
 const LISTEN_PID_LEN: usize = 11 + 20 + 1;
@@ -115,11 +99,119 @@ pub fn owns_terminal() -> bool {
     isatty(&stdin).unwrap_or(false) && tcgetpgrp(&stdin).map(|g| g == getpgrp()).unwrap_or(false)
 }
 
-/// Forks and execs the main child. Returns its pid once the exec succeeded.
+/// What the child reads between `clone` and `execve`: everything built before the
+/// clone, so the child allocates nothing. It lives on the parent's stack and the
+/// child shares the parent's memory (`CLONE_VM`), so `exec_errno` written by a
+/// child whose exec failed is read by the parent after `clone` returns.
+#[repr(C)]
+struct ExecArgs {
+    file: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    /// The `LISTEN_PID=` slot to fill with the child's pid, or null.
+    listen_pid: *mut u8,
+    take_terminal: bool,
+    /// The signal mask drainit inherited: the child execs with it.
+    mask: libc::sigset_t,
+    /// SIGTTOU, SIGTTIN, SIGTSTP: blocked around `tcsetpgrp`.
+    tty_block: libc::sigset_t,
+    /// 0, or the errno of the step that failed (the child then `_exit`s).
+    exec_errno: std::sync::atomic::AtomicI32,
+}
+
+/// Room for the child's stack: glibc's `execvpe` keeps a PATH candidate (at most
+/// PATH_MAX + NAME_MAX) on the stack and, for a script without `#!`, an argv copy
+/// of `argc + 2` pointers; 64 KiB of room besides is what glibc's own
+/// `posix_spawn` allows (`__MAX_ALLOCA_CUTOFF`).
+fn child_stack_size(argc: usize) -> usize {
+    let page = 4096;
+    (64 * 1024 + (argc + 2) * std::mem::size_of::<usize>()).div_ceil(page) * page
+}
+
+/// The child's side of [`spawn_child`], from `clone` to `execve`.
+///
+/// It shares drainit's memory (`CLONE_VM`) while drainit's calling thread is
+/// suspended (`CLONE_VFORK`), exactly like glibc's `posix_spawn`: it calls only
+/// async-signal-safe functions (sigaction, setpgid, sigprocmask, tcsetpgrp, getpid,
+/// execvpe), allocates nothing, takes no lock, and writes only into `ExecArgs`.
+/// No handler of drainit's can run here: every caught signal is blocked until the
+/// mask is replaced right before `execve`, and the dispositions are the child's own
+/// copy (no `CLONE_SIGHAND`).
+#[allow(unsafe_code)]
+extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ExecArgs` on the suspended parent's stack, alive until
+    // this child execs or exits (CLONE_VFORK); its pointers were built before the
+    // clone and stay valid for as long.
+    let a = unsafe { &*(arg as *const ExecArgs) };
+    let fail = |a: &ExecArgs| -> libc::c_int {
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        a.exec_errno
+            .store(errno, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: _exit(2) is async-signal-safe and runs no atexit handler.
+        unsafe { libc::_exit(127) }
+    };
+    // SAFETY (whole block): plain system calls on valid local or prebuilt memory.
+    unsafe {
+        // drainit's runtime ignores SIGPIPE; the app gets the default, as from a
+        // shell. Every other disposition is inherited as drainit inherited it.
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        if libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut()) != 0 {
+            return fail(a);
+        }
+        // New group: the child leads it (so forward-to group and job control work).
+        if libc::setpgid(0, 0) != 0 {
+            return fail(a);
+        }
+        if a.take_terminal {
+            // tcsetpgrp from a group that is not (yet) the foreground group raises
+            // SIGTTOU; keep it blocked across the call (CONVENTIONS pitfall 5).
+            libc::sigprocmask(libc::SIG_BLOCK, &a.tty_block, std::ptr::null_mut());
+            // ENOTTY/EPERM: no terminal after all; the child runs in the background.
+            libc::tcsetpgrp(0, libc::getpid());
+        }
+        if !a.listen_pid.is_null() {
+            let mut digits = [0u8; 20];
+            let mut n = libc::getpid() as u64;
+            let mut len = 0;
+            loop {
+                digits[len] = b'0' + (n % 10) as u8;
+                len += 1;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            // The slot has LISTEN_PID_LEN bytes: 11 + at most 20 digits + NUL fit.
+            for i in 0..len {
+                *a.listen_pid.add(LISTEN_PID.len() + i) = digits[len - 1 - i];
+            }
+            *a.listen_pid.add(LISTEN_PID.len() + len) = 0;
+        }
+        // The mask drainit inherited, replacing drainit's own (nearly everything).
+        if libc::sigprocmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut()) != 0 {
+            return fail(a);
+        }
+        libc::execvpe(a.file, a.argv, a.envp);
+    }
+    fail(a)
+}
+
+/// Starts the main child with `clone(CLONE_VM | CLONE_VFORK)` and `execvpe`, the way
+/// glibc's `posix_spawn` does (which cannot be used itself: the child's environment
+/// may need the child's own pid, `LISTEN_PID`). Returns its pid once the exec
+/// succeeded.
+///
+/// Compared with `fork`: no page tables are copied and no page is copied on write
+/// afterwards, and the exec's failure comes back through shared memory instead of a
+/// pipe. drainit's calling thread is suspended until the child has exec'd or exited.
 ///
 /// # Errors
-/// [`SpawnError`] when the exec failed (the failed child was already waited for by
-/// std, in this same call, so the reaper never sees it).
+/// [`SpawnError`] when the exec failed (the failed child was already waited for
+/// here, so the reaper never sees it).
+#[allow(unsafe_code)]
 pub fn spawn_child(
     spec: &ChildSpec,
     mask: InheritedMask,
@@ -149,89 +241,72 @@ pub fn spawn_child(
     // The LISTEN_PID slot is filled in the child, without allocating.
     let mut listen_buf = vec![0u8; LISTEN_PID_LEN];
     listen_buf[..LISTEN_PID.len()].copy_from_slice(LISTEN_PID);
-    let argv_ptrs = CPtrs(
-        argv.iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
-    );
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
     let mut envp_ptrs: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
     if spec.rewrite_listen_pid {
         envp_ptrs.push(listen_buf.as_ptr().cast());
     }
     envp_ptrs.push(std::ptr::null());
-    let envp_ptrs = CPtrs(envp_ptrs);
-    let rewrite_listen_pid = spec.rewrite_listen_pid;
-    let original_mask = mask.0;
     let mut tty_block = SigSet::empty();
     tty_block.add(NixSignal::SIGTTOU);
     tty_block.add(NixSignal::SIGTTIN);
     tty_block.add(NixSignal::SIGTSTP);
-
-    let mut cmd = Command::new(&spec.argv[0]);
-    let exec = move || -> io::Result<()> {
-        // New group: the child leads it (so forward-to group and job control work).
-        setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(io::Error::from)?;
-        if take_terminal {
-            // tcsetpgrp from a group that is not (yet) the foreground group raises
-            // SIGTTOU; keep it blocked across the call (CONVENTIONS pitfall 5).
-            let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&tty_block), None);
-            // ENOTTY/EPERM: no terminal after all; the child runs in the background.
-            let _ = tcsetpgrp(std::io::stdin(), getpid());
-        }
-        if rewrite_listen_pid {
-            let buf = listen_buf.as_mut_ptr();
-            let mut digits = [0u8; 20];
-            let mut n = getpid().as_raw() as u64;
-            let mut len = 0;
-            loop {
-                digits[len] = b'0' + (n % 10) as u8;
-                len += 1;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
-            }
-            for i in 0..len {
-                // SAFETY: buf has LISTEN_PID_LEN bytes; 11 + 20 digits + NUL fit.
-                #[allow(unsafe_code)]
-                unsafe {
-                    *buf.add(LISTEN_PID.len() + i) = digits[len - 1 - i];
-                    *buf.add(LISTEN_PID.len() + len) = 0;
-                }
-            }
-        }
-        // The mask drainit inherited, replacing std's empty one.
-        pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&original_mask), None)
-            .map_err(io::Error::from)?;
-        // SAFETY: both arrays are NUL-terminated arrays of pointers to NUL-terminated
-        // strings, built before the fork and alive (owned by this closure's captures).
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::execvpe(argv_ptrs.first(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
-        }
-        Err(io::Error::last_os_error())
+    let args = ExecArgs {
+        file: argv_ptrs[0],
+        argv: argv_ptrs.as_ptr(),
+        envp: envp_ptrs.as_ptr(),
+        listen_pid: if spec.rewrite_listen_pid {
+            listen_buf.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
+        take_terminal,
+        mask: *mask.0.as_ref(),
+        tty_block: *tty_block.as_ref(),
+        exec_errno: std::sync::atomic::AtomicI32::new(0),
     };
-    // SAFETY: the closure runs between fork and exec in the child. It calls only
-    // async-signal-safe functions: setpgid, pthread_sigmask (sigprocmask), tcsetpgrp,
-    // getpid, execvpe (glibc's PATH search uses a stack buffer), and it writes into
-    // memory allocated before the fork. It allocates nothing and takes no lock.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(exec);
+    // The child's stack: reserved, touched only as deep as the child goes.
+    let mut stack: Vec<u128> = Vec::with_capacity(child_stack_size(argv.len()) / 16);
+    // SAFETY: one past the end of the reservation, 16-byte aligned (u128): the top of
+    // a downward-growing stack.
+    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) };
+    // SAFETY: `exec_child` only reads `args` and the memory it points to, all alive
+    // across this call; CLONE_VFORK returns only after the child exec'd or exited,
+    // so nothing here is freed or moved while the child uses it.
+    let pid = unsafe {
+        libc::clone(
+            exec_child,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&args as *const ExecArgs).cast_mut().cast(),
+        )
+    };
+    let clone_error = (pid < 0).then(io::Error::last_os_error);
+    drop(stack);
+    drop((argv_ptrs, envp_ptrs, argv, envs, listen_buf));
+    if let Some(e) = clone_error {
+        return Err(SpawnError::CannotExecute(shown, e));
     }
-    // `argv`/`envs` must outlive the spawn: the pointers above refer to them.
-    let result = cmd.spawn();
-    drop((argv, envs));
-    match result {
-        Ok(child) => {
-            let pid = child.id() as i32;
-            // Dropping a std Child neither waits nor kills: the reaper owns it now.
-            drop(child);
-            Ok(pid)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(SpawnError::NotFound(shown)),
-        Err(e) => Err(SpawnError::CannotExecute(shown, e)),
+    let errno = args.exec_errno.load(std::sync::atomic::Ordering::Relaxed);
+    if errno == 0 {
+        return Ok(pid);
+    }
+    // The child has already exited (_exit(127)): reap it here, before the reaper
+    // knows of it.
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    let e = io::Error::from_raw_os_error(errno);
+    if e.kind() == io::ErrorKind::NotFound {
+        Err(SpawnError::NotFound(shown))
+    } else {
+        Err(SpawnError::CannotExecute(shown, e))
     }
 }
 
