@@ -118,6 +118,36 @@ impl Reaper {
     }
 }
 
+/// Whether drainit has any child at all, alive or exited and not yet reaped: a peek
+/// (`waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`) that reaps nothing.
+///
+/// Not PID 1, drainit is a child subreaper: every descendant whose parent ended is
+/// re-parented to it, so "no child" means "no descendant", without walking `/proc`.
+/// An error other than `ECHILD` counts as "has children" (the caller then looks).
+#[allow(unsafe_code)]
+pub fn has_children() -> bool {
+    loop {
+        // SAFETY: waitid(2) writes one siginfo_t through a valid pointer to a local.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+            )
+        };
+        if r == 0 {
+            return true;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ECHILD) => return false,
+            _ => return true,
+        }
+    }
+}
+
 enum Waited {
     Exited(i32, ChildExit),
     NoneExited,

@@ -273,6 +273,11 @@ impl Supervisor {
         if !self.proc_ok {
             return None;
         }
+        // Not PID 1 and no child at all: nothing below drainit is left (it is a
+        // subreaper, see `reaper::has_children`). One syscall instead of a walk.
+        if !self.is_pid1 && !crate::reaper::has_children() {
+            return Some(Vec::new());
+        }
         match procs::descendants(self.me, &self.helpers()) {
             Ok(v) => Some(v),
             Err(e) => {
