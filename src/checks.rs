@@ -212,15 +212,44 @@ fn connect_error(e: &std::io::Error) -> String {
         K::ConnectionReset | K::ConnectionAborted => "connection reset".into(),
         K::HostUnreachable | K::NetworkUnreachable => "host unreachable".into(),
         K::TimedOut => "timed out".into(),
-        _ if e.raw_os_error().is_none() => "address not resolved".into(),
         _ => "connection failed".into(),
     }
 }
 
-async fn tcp(addr: &str) -> Result<tokio::net::TcpStream, String> {
-    tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| connect_error(&e))
+/// The addresses a check target names, without DNS: `IP:PORT` (`[v6]:PORT`) is
+/// itself, `localhost:PORT` is `127.0.0.1:PORT` then `[::1]:PORT`. Any other name
+/// is `None`.
+///
+/// Checks probe the app in drainit's own network namespace, so a name is not
+/// needed, and not resolving one keeps readiness off DNS (a slow resolver would
+/// fail every check) and works in an image without `/etc/hosts` or a resolver
+/// configuration (`FROM scratch`), where glibc would not even know `localhost`.
+pub fn target_addrs(hostport: &str) -> Option<Vec<std::net::SocketAddr>> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+    if let Ok(a) = hostport.parse::<SocketAddr>() {
+        return Some(vec![a]);
+    }
+    let (host, port) = hostport.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    host.eq_ignore_ascii_case("localhost").then(|| {
+        vec![
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+        ]
+    })
+}
+
+/// Connects to the first address of the target that accepts.
+async fn tcp(hostport: &str) -> Result<tokio::net::TcpStream, String> {
+    let addrs = target_addrs(hostport).ok_or("address not resolved")?;
+    let mut last = String::from("address not resolved");
+    for a in addrs {
+        match tokio::net::TcpStream::connect(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = connect_error(&e),
+        }
+    }
+    Err(last)
 }
 
 struct Target<'a> {
@@ -366,6 +395,19 @@ mod tests {
         assert_eq!(fmt_ms(Duration::from_millis(500)), "500ms");
         assert_eq!(fmt_ms(Duration::from_secs(1)), "1s");
         assert_eq!(fmt_ms(Duration::from_millis(1500)), "1.5s");
+    }
+
+    #[test]
+    fn targets_resolve_without_dns() {
+        let v4: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let v6: std::net::SocketAddr = "[::1]:8080".parse().unwrap();
+        assert_eq!(target_addrs("127.0.0.1:8080"), Some(vec![v4]));
+        assert_eq!(target_addrs("[::1]:8080"), Some(vec![v6]));
+        assert_eq!(target_addrs("localhost:8080"), Some(vec![v4, v6]));
+        assert_eq!(target_addrs("LocalHost:8080"), Some(vec![v4, v6]));
+        assert_eq!(target_addrs("db.internal:5432"), None);
+        assert_eq!(target_addrs("localhost"), None);
+        assert_eq!(target_addrs("localhost:http"), None);
     }
 
     #[test]

@@ -382,10 +382,18 @@ fn parse_tcp_target(s: &str) -> Result<String, String> {
         return Err(format!("'{s}' has no host"));
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(t.to_string()),
-        _ => Err(format!("'{s}' has no valid port (1-65535)")),
+        Ok(p) if p > 0 => {}
+        _ => return Err(format!("'{s}' has no valid port (1-65535)")),
     }
+    if crate::checks::target_addrs(t).is_none() {
+        return Err(format!("'{s}': {NAMED_HOST}"));
+    }
+    Ok(t.to_string())
 }
+
+/// Why a check target with a host name is refused (see `checks::target_addrs`).
+const NAMED_HOST: &str = "the host must be an IP address or localhost \
+     (checks probe the app in drainit's own network namespace; names are not resolved)";
 
 fn parse_http_target(s: &str) -> Result<String, String> {
     let t = s.trim();
@@ -405,9 +413,14 @@ fn parse_http_target(s: &str) -> Result<String, String> {
     }
     // The whole URL must parse (no spaces, a real host, one port): found now, not
     // as a check that can never pass.
-    match t.parse::<hyper::Uri>() {
-        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => {}
+    let uri = match t.parse::<hyper::Uri>() {
+        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => u,
         _ => return Err(format!("'{}' is not a valid URL", redact_url(s))),
+    };
+    let host = uri.host().unwrap_or_default();
+    let port = uri.port_u16().unwrap_or(80);
+    if crate::checks::target_addrs(&format!("{host}:{port}")).is_none() {
+        return Err(format!("'{}': {NAMED_HOST}", redact_url(s)));
     }
     Ok(t.to_string())
 }
@@ -1498,6 +1511,30 @@ mod tests {
         );
         assert_eq!(c.checks[1].timeout, Duration::from_millis(500));
         assert!(load(&["--ready-tcp", "localhost", "true"], &[]).is_err());
+        // Names other than localhost are refused, naming the flag and the reason.
+        let e = load(&["--ready-tcp", "db:5432", "true"], &[]).unwrap_err();
+        assert_eq!(e.code, EXIT_USAGE);
+        assert!(
+            e.message.contains("--ready-tcp") && e.message.contains("IP address or localhost"),
+            "{}",
+            e.message
+        );
+        let e = load(&["--ready-http", "http://app.internal/health", "true"], &[]).unwrap_err();
+        assert!(
+            e.message.contains("--ready-http") && e.message.contains("IP address or localhost"),
+            "{}",
+            e.message
+        );
+        for ok in ["localhost:80", "[::1]:8080"] {
+            assert!(load(&["--ready-tcp", ok, "true"], &[]).is_ok(), "{ok}");
+        }
+        for ok in [
+            "http://localhost/x",
+            "http://[::1]:8080/",
+            "http://127.0.0.1",
+        ] {
+            assert!(load(&["--ready-http", ok, "true"], &[]).is_ok(), "{ok}");
+        }
         let e = load(&["--ready-http", "https://u:secret@h/x", "true"], &[]).unwrap_err();
         assert!(!e.message.contains("secret"), "{}", e.message);
     }
@@ -1679,7 +1716,7 @@ mod tests {
             &[
                 "--check-config",
                 "--ready-http",
-                "http://h:81/r?token=secret",
+                "http://localhost:81/r?token=secret",
             ],
             &[],
         )
@@ -1687,11 +1724,11 @@ mod tests {
         // The check keeps the real URL; only what is shown is redacted.
         assert_eq!(
             c.checks[0].kind,
-            CheckKind::Http("http://h:81/r?token=secret".into())
+            CheckKind::Http("http://localhost:81/r?token=secret".into())
         );
         let shown = c.render();
         assert!(
-            !shown.contains("secret") && shown.contains("http://h:81/r?***"),
+            !shown.contains("secret") && shown.contains("http://localhost:81/r?***"),
             "{shown}"
         );
     }

@@ -331,6 +331,40 @@ fn degraded_shows_each_check() {
     });
 }
 
+/// `localhost` is 127.0.0.1, then ::1, with no resolver: an app listening on
+/// either passes, as in a `FROM scratch` image without /etc/hosts.
+#[test]
+fn localhost_targets_need_no_resolver() {
+    local(async {
+        let v4 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let v4_port = v4.local_addr().expect("addr").port();
+        let web = http_app(204).await;
+        let mut checks = vec![
+            check("v4", CheckKind::Tcp(format!("localhost:{v4_port}")), 500),
+            check(
+                "web",
+                CheckKind::Http(format!("http://localhost:{}/health", web.port())),
+                500,
+            ),
+        ];
+        // Only ::1: the second address is tried (skipped where IPv6 is off).
+        let v6 = TcpListener::bind("[::1]:0").ok();
+        if let Some(l) = &v6 {
+            let port = l.local_addr().expect("addr").port();
+            checks.push(check(
+                "v6",
+                CheckKind::Tcp(format!("localhost:{port}")),
+                500,
+            ));
+        }
+        let s = Server::start(checks);
+        s.phase(Phase::Ready);
+        let r = s.get("/readyz").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["checks"]["web"], json!({"ok": true}));
+    });
+}
+
 #[test]
 fn all_checks_passing_is_ready_with_breakdown() {
     local(async {
