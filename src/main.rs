@@ -2,6 +2,9 @@
 //!
 //! config → logger → probe socket → signalfd → spawn → loop → report → exit code.
 //! Every fallible setup step happens before the spawn.
+#![cfg_attr(not(test), no_main)]
+// The test harness brings its own `main`; then nothing here is called.
+#![cfg_attr(test, allow(dead_code))]
 
 use std::cell::RefCell;
 use std::ffi::OsString;
@@ -22,28 +25,67 @@ use drainit::supervisor::Supervisor;
 /// drainit itself failed (DESIGN §3).
 const EXIT_INTERNAL: i32 = 1;
 
-fn main() {
-    let code = run();
+// drainit has its own C `main`: std's start-up (a stack-overflow handler found by
+// reading /proc/self/maps, an alternate signal stack, the SIGSEGV/SIGBUS handlers,
+// about twenty system calls and their teardown at exit) is start-up time an init
+// should not spend. What of it drainit needs, `std_start` does. On glibc,
+// `std::env::args_os` still works: std collects argv from `.init_array`.
+#[cfg(not(test))]
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    std_start();
+    // A panic outside the runtime's tasks is drainit failing (1), not an abort.
+    let code = std::panic::catch_unwind(run).unwrap_or(EXIT_INTERNAL);
     // Exits without a report (errors before the spawn, --check-config) must not
     // lose queued log lines; the wait is bounded, a stuck stderr cannot hold it.
     logging::flush(logging::FINAL_WRITE_BOUND);
-    std::process::exit(code);
+    let _ = std::io::stdout().flush();
+    code
+}
+
+/// The part of std's runtime start-up drainit keeps: fds 0–2 are open (a closed
+/// one becomes /dev/null, so no socket or file of drainit's lands on it), and
+/// SIGPIPE is ignored in drainit (a write to a closed pipe or socket is an error,
+/// not death; the child gets the default back, see `spawn`).
+#[allow(unsafe_code)]
+fn std_start() {
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: poll(2) on a local array of three pollfds; open(2) with a static
+    // NUL-terminated path; signal(2) with SIG_IGN, no handler.
+    unsafe {
+        if libc::poll(fds.as_mut_ptr(), 3, 0) >= 0 {
+            for p in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
+                let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if fd >= 0 && fd != p.fd {
+                    libc::dup2(fd, p.fd);
+                    libc::close(fd);
+                }
+            }
+        }
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
 }
 
 /// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):
 /// passed on to the child, then closed in drainit so it never holds them.
 fn inherited_fds() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+    use nix::fcntl::OFlag;
+    use std::os::fd::AsRawFd;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(mut dir) = nix::dir::Dir::open("/proc/self/fd", flags, nix::sys::stat::Mode::empty())
+    else {
         return Vec::new();
     };
-    let mut fds: Vec<i32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|fd| *fd > 2)
-        .collect();
-    // The directory handle used for the listing is gone by now; drop what no longer
-    // exists.
-    fds.retain(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok());
-    fds
+    // The listing includes the directory's own fd: left out by number.
+    let own = dir.as_raw_fd();
+    dir.iter()
+        .filter_map(|e| e.ok()?.file_name().to_str().ok()?.parse().ok())
+        .filter(|fd| *fd > 2 && *fd != own)
+        .collect()
 }
 
 fn run() -> i32 {
@@ -142,63 +184,73 @@ fn run() -> i32 {
         }
     };
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, async move {
-        let signal_stream = match SignalStream::open() {
-            Ok(s) => s,
-            Err(e) => {
-                log::error!("opening the signalfd failed: {e}");
-                return EXIT_INTERNAL;
-            }
-        };
-        let reaper = Rc::new(RefCell::new(Reaper::new()));
-        let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
-        let checks = Checks::new(cfg.checks.clone(), reaper.clone());
+    // Boxed: the future holds the whole supervisor; on the heap it is built once
+    // instead of being moved through the stack.
+    local.block_on(
+        &runtime,
+        Box::pin(async move {
+            let signal_stream = match SignalStream::open() {
+                Ok(s) => s,
+                Err(e) => {
+                    log::error!("opening the signalfd failed: {e}");
+                    return EXIT_INTERNAL;
+                }
+            };
+            let reaper = Rc::new(RefCell::new(Reaper::new()));
+            let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
+            let checks = Checks::new(cfg.checks.clone(), reaper.clone());
 
-        let spec = child_spec(
-            &cfg,
-            app_socket
-                .as_ref()
-                .map(AppSocket::child_env)
-                .unwrap_or_default(),
-        );
-        let pid = match spawn::spawn_child(&spec, mask, spawn::owns_terminal()) {
-            Ok(pid) => pid,
-            Err(e) => {
-                log::error!("{e}");
-                let report = Report::spawn_failed(e.exit_code(), e.kind());
-                report.write(cfg.report_file.as_deref());
-                return e.exit_code();
-            }
-        };
-        reaper.borrow_mut().set_main(pid);
-        log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy());
-        hold_nothing(&inherited);
+            let spec = child_spec(
+                &cfg,
+                app_socket
+                    .as_ref()
+                    .map(AppSocket::child_env)
+                    .unwrap_or_default(),
+            );
+            let pid = match spawn::spawn_child(&spec, mask, spawn::owns_terminal()) {
+                Ok(pid) => pid,
+                Err(e) => {
+                    log::error!("{e}");
+                    let report = Report::spawn_failed(e.exit_code(), e.kind());
+                    report.write(cfg.report_file.as_deref());
+                    return e.exit_code();
+                }
+            };
+            reaper.borrow_mut().set_main(pid);
+            log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy());
+            hold_nothing(&inherited);
 
-        if let Some(l) = listener {
-            tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
-        }
-        let report_file = cfg.report_file.clone();
-        let app_ready = app_socket.map(|sock| {
-            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-            tokio::task::spawn_local(sock.serve(pid, state_tx.clone(), ready_tx, systemd.clone()));
-            ready_rx
-        });
-        if let Some(s) = systemd {
-            // EXTEND_TIMEOUT_USEC at T0: the whole budget, plus the settle after SIGKILL.
-            let extend = cfg.budget().total() + drainit::drain::KILL_SETTLE;
-            tokio::task::spawn_local(notify::follow(
-                s,
-                state_tx.subscribe(),
-                extend,
-                app_ready.is_none(),
-            ));
-        }
-        let supervisor =
-            Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
-        let report = supervisor.run().await;
-        report.write(report_file.as_deref());
-        report.exit_code
-    })
+            if let Some(l) = listener {
+                tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
+            }
+            let report_file = cfg.report_file.clone();
+            let app_ready = app_socket.map(|sock| {
+                let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+                tokio::task::spawn_local(sock.serve(
+                    pid,
+                    state_tx.clone(),
+                    ready_tx,
+                    systemd.clone(),
+                ));
+                ready_rx
+            });
+            if let Some(s) = systemd {
+                // EXTEND_TIMEOUT_USEC at T0: the whole budget, plus the settle after SIGKILL.
+                let extend = cfg.budget().total() + drainit::drain::KILL_SETTLE;
+                tokio::task::spawn_local(notify::follow(
+                    s,
+                    state_tx.subscribe(),
+                    extend,
+                    app_ready.is_none(),
+                ));
+            }
+            let supervisor =
+                Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
+            let report = supervisor.run().await;
+            report.write(report_file.as_deref());
+            report.exit_code
+        }),
+    )
 }
 
 /// The child's argv and environment: drainit's environment, without the
