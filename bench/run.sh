@@ -5,7 +5,8 @@
 #   bench/run.sh [--quick] [DRAINIT_BINARY]
 #
 # DRAINIT_BINARY (or $DRAINIT) defaults to target/release/drainit, then the static
-# build target/x86_64-unknown-linux-gnu/release/drainit. Without any, the other
+# build target/x86_64-unknown-linux-musl/release/drainit (then the static glibc
+# build, target/x86_64-unknown-linux-gnu/release/drainit). Without any, the other
 # inits are still compared. Round counts: BENCH_ROUNDS, BENCH_STARTUP_RUNS,
 # BENCH_SIGNALS, BENCH_ORPHANS, BENCH_IDLE_SECS, BENCH_DEADLINE_RUNS,
 # BENCH_DRAIN_TIMEOUT_MS; BENCH_OUT=file.json keeps the raw samples.
@@ -68,7 +69,8 @@ for tool in gcc python3 unshare file; do
 done
 
 # ---- drainit ------------------------------------------------------------------------
-static_build="$repo/target/x86_64-unknown-linux-gnu/release/drainit"
+static_build="$repo/target/x86_64-unknown-linux-musl/release/drainit"
+[ -x "$static_build" ] || static_build="$repo/target/x86_64-unknown-linux-gnu/release/drainit"
 if [ -z "$drainit" ]; then
     for c in "$repo/target/release/drainit" "$static_build"; do
         if [ -x "$c" ]; then drainit=$c; break; fi

@@ -242,14 +242,18 @@ pub fn target_addrs(hostport: &str) -> Option<Vec<std::net::SocketAddr>> {
 /// Connects to the first address of the target that accepts.
 async fn tcp(hostport: &str) -> Result<tokio::net::TcpStream, String> {
     let addrs = target_addrs(hostport).ok_or("address not resolved")?;
-    let mut last = String::from("address not resolved");
+    // The first address's failure is the one shown: with IPv6 off, `::1` fails with
+    // "address not available", which would hide IPv4's "connection refused".
+    let mut first = None;
     for a in addrs {
         match tokio::net::TcpStream::connect(a).await {
             Ok(s) => return Ok(s),
-            Err(e) => last = connect_error(&e),
+            Err(e) => {
+                first.get_or_insert_with(|| connect_error(&e));
+            }
         }
     }
-    Err(last)
+    Err(first.unwrap_or_else(|| "address not resolved".into()))
 }
 
 struct Target<'a> {
@@ -300,42 +304,73 @@ fn base64(input: &[u8]) -> String {
     out
 }
 
+/// Most a response head may take before the check gives up on it (bytes).
+const MAX_RESPONSE_HEAD: usize = 16 * 1024;
+
+/// `GET` with `Connection: close`; passes on status 200–399. Only the response head
+/// is read (parsed by `httparse`, hyper's own parser); the body never is. A plain
+/// request needs none of hyper's client machinery, which would add about 40 KiB
+/// to the static binary (an init's size is a feature).
 async fn http(url: &str) -> Result<(), String> {
-    use http_body_util::Empty;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let t = split_url(url).ok_or("bad url")?;
     let hostport = if t.hostport.contains(':') && !t.hostport.ends_with(']') {
         t.hostport.to_string()
     } else {
         format!("{}:80", t.hostport)
     };
-    let stream = tcp(&hostport).await?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<bytes::Bytes>>(io)
-        .await
-        .map_err(|_| "connection failed".to_string())?;
-    tokio::task::spawn_local(async move {
-        let _ = conn.await;
-    });
-    let mut req = hyper::Request::get(t.path)
-        .header(hyper::header::HOST, t.hostport)
-        .header(hyper::header::USER_AGENT, "drainit-check")
-        .header(hyper::header::CONNECTION, "close");
+    let mut stream = tcp(&hostport).await?;
+    // The URL was validated at start (`hyper::Uri`): no space or line break can be
+    // in the path or the host.
+    let mut req = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: drainit-check\r\nConnection: close\r\n",
+        t.path, t.hostport
+    );
     if let Some(u) = t.userinfo {
-        req = req.header(
-            hyper::header::AUTHORIZATION,
-            format!("Basic {}", base64(u.as_bytes())),
-        );
+        req.push_str(&format!(
+            "Authorization: Basic {}\r\n",
+            base64(u.as_bytes())
+        ));
     }
-    let req = req.body(Empty::new()).map_err(|_| "bad url".to_string())?;
-    let resp = sender
-        .send_request(req)
+    req.push_str("\r\n");
+    stream
+        .write_all(req.as_bytes())
         .await
-        .map_err(|_| "connection failed".to_string())?;
-    let status = resp.status().as_u16();
-    if (200..400).contains(&status) {
-        Ok(())
-    } else {
-        Err(format!("http status {status}"))
+        .map_err(|e| connect_error(&e))?;
+    let mut head = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| connect_error(&e))?;
+        if n == 0 {
+            return Err("no response".into());
+        }
+        head.extend_from_slice(&chunk[..n]);
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut resp = httparse::Response::new(&mut headers);
+            let status = match resp.parse(&head) {
+                // An interim response (1xx, `103 Early Hints`) is skipped: the
+                // answer follows it.
+                Ok(httparse::Status::Complete(len)) if resp.code.is_some_and(|c| c < 200) => {
+                    head.drain(..len);
+                    continue;
+                }
+                Ok(httparse::Status::Complete(_)) => resp.code,
+                // More headers than room for them: the status line is all a check
+                // needs.
+                Err(httparse::Error::TooManyHeaders) => resp.code,
+                Ok(httparse::Status::Partial) if head.len() < MAX_RESPONSE_HEAD => break,
+                Ok(httparse::Status::Partial) | Err(_) => None,
+            };
+            return match status {
+                Some(code) if (200..400).contains(&code) => Ok(()),
+                Some(code) => Err(format!("http status {code}")),
+                None => Err("bad response".into()),
+            };
+        }
     }
 }
 

@@ -28,14 +28,25 @@ const EXIT_INTERNAL: i32 = 1;
 // drainit has its own C `main`: std's start-up (a stack-overflow handler found by
 // reading /proc/self/maps, an alternate signal stack, the SIGSEGV/SIGBUS handlers,
 // about twenty system calls and their teardown at exit) is start-up time an init
-// should not spend. What of it drainit needs, `std_start` does. On glibc,
-// `std::env::args_os` still works: std collects argv from `.init_array`.
+// should not spend. What of it drainit needs, `std_start` does. The arguments come
+// from `argv` itself: without std's start-up, `std::env::args_os` is empty on musl.
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
-extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    std_start();
+#[allow(unsafe_code)]
+extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
+    use std::os::unix::ffi::OsStrExt;
+    if std_start().is_err() {
+        return EXIT_INTERNAL;
+    }
+    // SAFETY: the C runtime passes `argc` valid NUL-terminated strings in `argv`.
+    let args: Vec<OsString> = (0..usize::try_from(argc).unwrap_or(0))
+        .map(|i| unsafe {
+            let arg = std::ffi::CStr::from_ptr(*argv.add(i));
+            std::ffi::OsStr::from_bytes(arg.to_bytes()).to_os_string()
+        })
+        .collect();
     // A panic outside the runtime's tasks is drainit failing (1), not an abort.
-    let code = std::panic::catch_unwind(run).unwrap_or(EXIT_INTERNAL);
+    let code = std::panic::catch_unwind(|| run(args)).unwrap_or(EXIT_INTERNAL);
     // Exits without a report (errors before the spawn, --check-config) must not
     // lose queued log lines; the wait is bounded, a stuck stderr cannot hold it.
     logging::flush(logging::FINAL_WRITE_BOUND);
@@ -46,28 +57,37 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
 /// The part of std's runtime start-up drainit keeps: fds 0–2 are open (a closed
 /// one becomes /dev/null, so no socket or file of drainit's lands on it), and
 /// SIGPIPE is ignored in drainit (a write to a closed pipe or socket is an error,
-/// not death; the child gets the default back, see `spawn`).
+/// not death; what drainit starts gets the default back, see `spawn`).
+///
+/// # Errors
+/// A closed fd 0–2 could not be reopened (no `/dev/null`): drainit must not run,
+/// as std would have aborted (the caller exits 1; with no stderr, silently).
 #[allow(unsafe_code)]
-fn std_start() {
+fn std_start() -> Result<(), ()> {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
         events: 0,
         revents: 0,
     });
-    // SAFETY: poll(2) on a local array of three pollfds; open(2) with a static
-    // NUL-terminated path; signal(2) with SIG_IGN, no handler.
+    // SAFETY: poll(2) on a local array of three pollfds; fcntl(2) F_GETFD; open(2)
+    // with a static NUL-terminated path; signal(2) with SIG_IGN, no handler.
     unsafe {
-        if libc::poll(fds.as_mut_ptr(), 3, 0) >= 0 {
-            for p in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
-                let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                if fd >= 0 && fd != p.fd {
-                    libc::dup2(fd, p.fd);
-                    libc::close(fd);
-                }
+        let polled = libc::poll(fds.as_mut_ptr(), 3, 0) >= 0;
+        for p in &fds {
+            let closed = if polled {
+                p.revents & libc::POLLNVAL != 0
+            } else {
+                libc::fcntl(p.fd, libc::F_GETFD) == -1
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+            };
+            // The lowest free fd is taken: this one, as 0..fd are open by now.
+            if closed && libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) != p.fd {
+                return Err(());
             }
         }
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    Ok(())
 }
 
 /// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):
@@ -88,7 +108,7 @@ fn inherited_fds() -> Vec<i32> {
         .collect()
 }
 
-fn run() -> i32 {
+fn run(args: Vec<OsString>) -> i32 {
     let inherited = inherited_fds();
     // Block the caught signals before any thread exists: every later thread
     // inherits the block, and nothing is lost before the signalfd is read.
@@ -102,7 +122,7 @@ fn run() -> i32 {
             return EXIT_INTERNAL;
         }
     };
-    let mut cfg = match config::load_from(std::env::args_os().collect(), &ProcessEnv) {
+    let mut cfg = match config::load_from(args, &ProcessEnv) {
         Ok(c) => c,
         Err(e) if e.code == 0 => {
             let _ = std::io::stdout().write_all(e.message.as_bytes());

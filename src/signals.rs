@@ -81,14 +81,19 @@ impl Signal {
     pub const CHLD: Signal = Signal(libc::SIGCHLD);
     pub const CONT: Signal = Signal(libc::SIGCONT);
 
-    /// SIGRTMIN as the C library reports it (glibc keeps 32 and 33 for itself).
+    /// SIGRTMIN as glibc numbers it: 34 (glibc keeps 32 and 33 for its threads),
+    /// in every build. musl also keeps 34 for itself and calls 35 SIGRTMIN, but
+    /// the apps drainit runs, and the people who write `RTMIN+3` (systemd,
+    /// `kill -l`), use glibc's numbering; a static musl drainit must agree with
+    /// them and forward 34 (drainit uses none of musl's own uses of 34, `setuid`
+    /// across threads).
     pub fn rtmin() -> i32 {
-        libc::SIGRTMIN()
+        34
     }
 
-    /// SIGRTMAX as the C library reports it.
+    /// SIGRTMAX: 64, the kernel's last signal (`_NSIG - 1`), in glibc and musl.
     pub fn rtmax() -> i32 {
-        libc::SIGRTMAX()
+        64
     }
 
     /// Parses `TERM`, `SIGTERM`, `sigterm`, `15`, `RTMIN+3`, `SIGRTMAX-1`.
@@ -229,7 +234,24 @@ fn caught_set() -> SigSet {
             set.remove(s);
         }
     }
-    set
+    // `sigfillset` leaves out what the C library keeps for itself: 32 and 33 in
+    // glibc, 32 to 34 in musl, whose `sigaddset` refuses them too. 34 is glibc's
+    // SIGRTMIN, an app's signal (see `Signal::rtmin`): set by bit.
+    with_bit(set, Signal::rtmin())
+}
+
+/// `set` with signal `n` (1–64) added, bypassing the C library's reserved list.
+#[allow(unsafe_code)]
+fn with_bit(set: SigSet, n: i32) -> SigSet {
+    let mut raw: libc::sigset_t = *set.as_ref();
+    // SAFETY: on Linux (glibc and musl alike) a sigset_t begins with the kernel's
+    // 64-bit signal mask, bit n-1 for signal n; it is at least 8 bytes long and
+    // 8-byte aligned (an array of unsigned long).
+    unsafe {
+        let mask = (&mut raw as *mut libc::sigset_t).cast::<u64>();
+        *mask |= 1u64 << (n - 1);
+        SigSet::from_sigset_t_unchecked(raw)
+    }
 }
 
 /// The signal mask drainit was started with, to be restored in the child.
@@ -380,6 +402,13 @@ pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// The kernel's 64-bit mask at the start of a sigset_t (see `with_bit`).
+    #[allow(unsafe_code)]
+    fn mask_bits(set: &SigSet) -> u64 {
+        // SAFETY: as in `with_bit`: a sigset_t starts with an aligned u64 mask.
+        unsafe { *(set.as_ref() as *const libc::sigset_t).cast::<u64>() }
+    }
+
     use super::*;
 
     #[test]
@@ -388,10 +417,9 @@ mod tests {
         assert_eq!(Signal::parse("SIGTERM", false), Ok(Signal::TERM));
         assert_eq!(Signal::parse("sigterm", false), Ok(Signal::TERM));
         assert_eq!(Signal::parse("15", false), Ok(Signal::TERM));
-        assert_eq!(
-            Signal::parse("RTMIN+3", false),
-            Ok(Signal(Signal::rtmin() + 3))
-        );
+        // glibc's numbering in every build (musl's SIGRTMIN would be 35).
+        assert_eq!(Signal::parse("RTMIN+3", false), Ok(Signal(37)));
+        assert_eq!(Signal(34).to_string(), "SIGRTMIN");
         assert_eq!(
             Signal::parse("SIGRTMAX", false),
             Ok(Signal(Signal::rtmax()))
@@ -450,6 +478,13 @@ mod tests {
             assert!(Signal(n).is_caught());
         }
         assert!(Signal(Signal::rtmin()).is_caught());
+        // Blocked and read through the signalfd in every build (musl's
+        // sigfillset leaves 34 out).
+        let caught = caught_set();
+        assert!(caught.contains(NixSignal::try_from(libc::SIGTERM).unwrap()));
+        let raw = mask_bits(&caught);
+        assert_ne!(raw & (1 << 33), 0, "34 is caught");
+        assert_eq!(raw & (0b11 << 31), 0, "32 and 33 are not");
         assert!(Signal(Signal::rtmax()).is_caught());
     }
 

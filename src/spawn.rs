@@ -8,21 +8,20 @@
 //! handler, so there is nothing to reset but std's SIGPIPE), and the fds drainit
 //! inherited; drainit's own fds are all close-on-exec.
 //!
-//! Must not: wait for anything (the reaper does), except for a main child whose exec
-//! failed, reaped in [`spawn_child`] before the reaper knows of it. The main child
-//! is started the way glibc's `posix_spawn` starts one (`clone(CLONE_VM |
-//! CLONE_VFORK)`, then `execvpe` with an argv and environment built before the
-//! clone), because its environment may need its own pid (`LISTEN_PID`, socket
-//! activation) and nothing may be allocated between the clone and the exec.
-//! Helpers go through `Command::spawn`.
+//! Must not: wait for anything (the reaper does), except for a child whose exec
+//! failed, reaped in [`start`] before the reaper knows of it. Everything drainit
+//! starts (the main child, exec checks, teardown steps) is started the way glibc's
+//! `posix_spawn` starts a process (`clone(CLONE_VM | CLONE_VFORK)`, then `execvpe`
+//! with an argv and environment built before the clone): the main child's
+//! environment may need its own pid (`LISTEN_PID`, socket activation), nothing may
+//! be allocated between the clone and the exec, and std's `Command` would add its
+//! own fork machinery to the binary for nothing.
 
 use std::ffi::{CString, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 
-use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, pthread_sigmask};
+use nix::sys::signal::{SigSet, Signal as NixSignal};
 use nix::unistd::{getpgrp, isatty, tcgetpgrp};
 
 use crate::signals::InheritedMask;
@@ -111,6 +110,12 @@ struct ExecArgs {
     /// The `LISTEN_PID=` slot to fill with the child's pid, or null.
     listen_pid: *mut u8,
     take_terminal: bool,
+    /// dup2'd onto stdin, or -1 (inherited).
+    stdin: libc::c_int,
+    /// dup2'd onto stdout and stderr, or -1 (inherited).
+    output: libc::c_int,
+    /// The directory to start in, or null (drainit's).
+    dir: *const libc::c_char,
     /// The signal mask drainit inherited: the child execs with it.
     mask: libc::sigset_t,
     /// SIGTTOU, SIGTTIN, SIGTSTP: blocked around `tcsetpgrp`.
@@ -128,15 +133,15 @@ fn child_stack_size(argc: usize) -> usize {
     (64 * 1024 + (argc + 2) * std::mem::size_of::<usize>()).div_ceil(page) * page
 }
 
-/// The child's side of [`spawn_child`], from `clone` to `execve`.
+/// The child's side of [`start`], from `clone` to `execve`.
 ///
 /// It shares drainit's memory (`CLONE_VM`) while drainit's calling thread is
 /// suspended (`CLONE_VFORK`), exactly like glibc's `posix_spawn`: it calls only
-/// async-signal-safe functions (sigaction, setpgid, sigprocmask, tcsetpgrp, getpid,
-/// execvpe), allocates nothing, takes no lock, and writes only into `ExecArgs`.
-/// No handler of drainit's can run here: every caught signal is blocked until the
-/// mask is replaced right before `execve`, and the dispositions are the child's own
-/// copy (no `CLONE_SIGHAND`).
+/// async-signal-safe functions (sigaction, setpgid, dup2, chdir, sigprocmask,
+/// tcsetpgrp, getpid, execvpe), allocates nothing, takes no lock, and writes only
+/// into `ExecArgs`. No handler of drainit's can run here: every caught signal is
+/// blocked until the mask is replaced right before `execve`, and the dispositions
+/// are the child's own copy (no `CLONE_SIGHAND`).
 #[allow(unsafe_code)]
 extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ExecArgs` on the suspended parent's stack, alive until
@@ -154,7 +159,7 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     };
     // SAFETY (whole block): plain system calls on valid local or prebuilt memory.
     unsafe {
-        // drainit's runtime ignores SIGPIPE; the app gets the default, as from a
+        // drainit ignores SIGPIPE; what it starts gets the default back, as from a
         // shell. Every other disposition is inherited as drainit inherited it.
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
@@ -163,6 +168,15 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
         }
         // New group: the child leads it (so forward-to group and job control work).
         if libc::setpgid(0, 0) != 0 {
+            return fail(a);
+        }
+        if a.stdin >= 0 && libc::dup2(a.stdin, 0) < 0 {
+            return fail(a);
+        }
+        if a.output >= 0 && (libc::dup2(a.output, 1) < 0 || libc::dup2(a.output, 2) < 0) {
+            return fail(a);
+        }
+        if !a.dir.is_null() && libc::chdir(a.dir) != 0 {
             return fail(a);
         }
         if a.take_terminal {
@@ -199,19 +213,109 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     fail(a)
 }
 
-/// Starts the main child with `clone(CLONE_VM | CLONE_VFORK)` and `execvpe`, the way
-/// glibc's `posix_spawn` does (which cannot be used itself: the child's environment
-/// may need the child's own pid, `LISTEN_PID`). Returns its pid once the exec
-/// succeeded.
+/// How a process drainit starts begins: built in full before the clone.
+struct Launch<'a> {
+    argv: &'a [CString],
+    env: &'a [CString],
+    /// Add `LISTEN_PID=<the child's pid>` (socket activation).
+    listen_pid: bool,
+    take_terminal: bool,
+    stdin: Option<std::os::fd::BorrowedFd<'a>>,
+    output: Option<std::os::fd::BorrowedFd<'a>>,
+    dir: Option<&'a std::ffi::CStr>,
+    mask: SigSet,
+}
+
+/// Starts a process with `clone(CLONE_VM | CLONE_VFORK)` and `execvpe`, the way
+/// glibc's `posix_spawn` does (which cannot be used itself: the main child's
+/// environment may need the child's own pid, `LISTEN_PID`). Returns its pid once
+/// the exec succeeded.
 ///
 /// Compared with `fork`: no page tables are copied and no page is copied on write
 /// afterwards, and the exec's failure comes back through shared memory instead of a
 /// pipe. drainit's calling thread is suspended until the child has exec'd or exited.
 ///
 /// # Errors
-/// [`SpawnError`] when the exec failed (the failed child was already waited for
-/// here, so the reaper never sees it).
+/// The errno of the step that failed (clone, setpgid, dup2, chdir, execvpe). A
+/// child whose exec failed was already waited for here, so the reaper never sees it.
 #[allow(unsafe_code)]
+fn start(l: &Launch<'_>) -> io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut listen_buf = [0u8; LISTEN_PID_LEN];
+    listen_buf[..LISTEN_PID.len()].copy_from_slice(LISTEN_PID);
+    let argv_ptrs: Vec<*const libc::c_char> = l
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let mut envp_ptrs: Vec<*const libc::c_char> = l.env.iter().map(|e| e.as_ptr()).collect();
+    if l.listen_pid {
+        envp_ptrs.push(listen_buf.as_ptr().cast());
+    }
+    envp_ptrs.push(std::ptr::null());
+    let mut tty_block = SigSet::empty();
+    tty_block.add(NixSignal::SIGTTOU);
+    tty_block.add(NixSignal::SIGTTIN);
+    tty_block.add(NixSignal::SIGTSTP);
+    let args = ExecArgs {
+        file: argv_ptrs[0],
+        argv: argv_ptrs.as_ptr(),
+        envp: envp_ptrs.as_ptr(),
+        listen_pid: if l.listen_pid {
+            listen_buf.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
+        take_terminal: l.take_terminal,
+        stdin: l.stdin.map_or(-1, |fd| fd.as_raw_fd()),
+        output: l.output.map_or(-1, |fd| fd.as_raw_fd()),
+        dir: l.dir.map_or(std::ptr::null(), |d| d.as_ptr()),
+        mask: *l.mask.as_ref(),
+        tty_block: *tty_block.as_ref(),
+        exec_errno: std::sync::atomic::AtomicI32::new(0),
+    };
+    // The child's stack: reserved, touched only as deep as the child goes.
+    let mut stack: Vec<u128> = Vec::with_capacity(child_stack_size(l.argv.len()) / 16);
+    // SAFETY: one past the end of the reservation, 16-byte aligned (u128): the top of
+    // a downward-growing stack.
+    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) };
+    // SAFETY: `exec_child` only reads `args` and the memory it points to, all alive
+    // across this call; CLONE_VFORK returns only after the child exec'd or exited,
+    // so nothing here is freed or moved while the child uses it.
+    let pid = unsafe {
+        libc::clone(
+            exec_child,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&args as *const ExecArgs).cast_mut().cast(),
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(stack);
+    let errno = args.exec_errno.load(std::sync::atomic::Ordering::Relaxed);
+    if errno == 0 {
+        return Ok(pid);
+    }
+    // The child has already exited (_exit(127)): reap it here, before the reaper
+    // knows of it.
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    Err(io::Error::from_raw_os_error(errno))
+}
+
+/// Starts the main child: a new process group (the terminal's foreground group
+/// with `take_terminal`), drainit's inherited signal mask and fds, the spec's
+/// argv and environment (see [`start`]). Returns its pid once the exec succeeded.
+///
+/// # Errors
+/// [`SpawnError`] when the command cannot be started (the failed child was
+/// already waited for, so the reaper never sees it).
 pub fn spawn_child(
     spec: &ChildSpec,
     mask: InheritedMask,
@@ -228,86 +332,39 @@ pub fn spawn_child(
         .iter()
         .map(|a| cstr(a.as_bytes()))
         .collect::<Result<_, _>>()?;
-    let mut envs: Vec<CString> = Vec::with_capacity(spec.env.len());
+    let mut env: Vec<CString> = Vec::with_capacity(spec.env.len());
     for (k, v) in &spec.env {
         if spec.rewrite_listen_pid && k.as_bytes() == b"LISTEN_PID" {
             continue;
         }
-        let mut kv = k.as_bytes().to_vec();
-        kv.push(b'=');
-        kv.extend_from_slice(v.as_bytes());
-        envs.push(cstr(&kv)?);
+        env.push(cstr(&env_entry(k, v))?);
     }
-    // The LISTEN_PID slot is filled in the child, without allocating.
-    let mut listen_buf = vec![0u8; LISTEN_PID_LEN];
-    listen_buf[..LISTEN_PID.len()].copy_from_slice(LISTEN_PID);
-    let argv_ptrs: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let mut envp_ptrs: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
-    if spec.rewrite_listen_pid {
-        envp_ptrs.push(listen_buf.as_ptr().cast());
-    }
-    envp_ptrs.push(std::ptr::null());
-    let mut tty_block = SigSet::empty();
-    tty_block.add(NixSignal::SIGTTOU);
-    tty_block.add(NixSignal::SIGTTIN);
-    tty_block.add(NixSignal::SIGTSTP);
-    let args = ExecArgs {
-        file: argv_ptrs[0],
-        argv: argv_ptrs.as_ptr(),
-        envp: envp_ptrs.as_ptr(),
-        listen_pid: if spec.rewrite_listen_pid {
-            listen_buf.as_mut_ptr()
-        } else {
-            std::ptr::null_mut()
-        },
+    let launch = Launch {
+        argv: &argv,
+        env: &env,
+        listen_pid: spec.rewrite_listen_pid,
         take_terminal,
-        mask: *mask.0.as_ref(),
-        tty_block: *tty_block.as_ref(),
-        exec_errno: std::sync::atomic::AtomicI32::new(0),
+        stdin: None,
+        output: None,
+        dir: None,
+        mask: mask.0,
     };
-    // The child's stack: reserved, touched only as deep as the child goes.
-    let mut stack: Vec<u128> = Vec::with_capacity(child_stack_size(argv.len()) / 16);
-    // SAFETY: one past the end of the reservation, 16-byte aligned (u128): the top of
-    // a downward-growing stack.
-    let top = unsafe { stack.as_mut_ptr().add(stack.capacity()) };
-    // SAFETY: `exec_child` only reads `args` and the memory it points to, all alive
-    // across this call; CLONE_VFORK returns only after the child exec'd or exited,
-    // so nothing here is freed or moved while the child uses it.
-    let pid = unsafe {
-        libc::clone(
-            exec_child,
-            top.cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&args as *const ExecArgs).cast_mut().cast(),
-        )
-    };
-    let clone_error = (pid < 0).then(io::Error::last_os_error);
-    drop(stack);
-    drop((argv_ptrs, envp_ptrs, argv, envs, listen_buf));
-    if let Some(e) = clone_error {
-        return Err(SpawnError::CannotExecute(shown, e));
-    }
-    let errno = args.exec_errno.load(std::sync::atomic::Ordering::Relaxed);
-    if errno == 0 {
-        return Ok(pid);
-    }
-    // The child has already exited (_exit(127)): reap it here, before the reaper
-    // knows of it.
-    let mut status = 0;
-    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-    {}
-    let e = io::Error::from_raw_os_error(errno);
-    if e.kind() == io::ErrorKind::NotFound {
-        Err(SpawnError::NotFound(shown))
-    } else {
-        Err(SpawnError::CannotExecute(shown, e))
-    }
+    start(&launch).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            SpawnError::NotFound(shown)
+        } else {
+            SpawnError::CannotExecute(shown, e)
+        }
+    })
+}
+
+/// `KEY=VALUE`, as `envp` holds it.
+fn env_entry(k: &std::ffi::OsStr, v: &std::ffi::OsStr) -> Vec<u8> {
+    let mut kv = Vec::with_capacity(k.len() + 1 + v.len());
+    kv.extend_from_slice(k.as_bytes());
+    kv.push(b'=');
+    kv.extend_from_slice(v.as_bytes());
+    kv
 }
 
 /// The kind of a spawn error, for reports: `not found`, `permission denied`, or
@@ -341,35 +398,44 @@ pub fn remember_start_dir(dir: std::path::PathBuf) {
 /// Spawns one of drainit's own helpers (an exec check, a teardown step) in a process
 /// group of its own, in the directory drainit started in, stdin from /dev/null,
 /// with the signal mask drainit inherited (not drainit's own, which blocks nearly
-/// everything: a helper must die of SIGTERM like any program). The caller registers
-/// the pid with the reaper in the same step.
+/// everything: a helper must die of SIGTERM like any program), drainit's
+/// environment without `NOTIFY_SOCKET`. The caller registers the pid with the
+/// reaper in the same step.
 ///
 /// # Errors
-/// The spawn failed (not found, permission denied …).
+/// The spawn failed (not found, permission denied …; `InvalidInput` for a NUL
+/// byte in an argument).
 pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
-    let (out, err) = match output {
-        HelperOutput::Null => (Stdio::null(), Stdio::null()),
-        HelperOutput::Inherit => (Stdio::inherit(), Stdio::inherit()),
+    let nul = |_| io::Error::from(io::ErrorKind::InvalidInput);
+    let argv: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).map_err(nul))
+        .collect::<io::Result<_>>()?;
+    let env: Vec<CString> = std::env::vars_os()
+        .filter(|(k, _)| k != "NOTIFY_SOCKET")
+        .filter_map(|(k, v)| CString::new(env_entry(&k, &v)).ok())
+        .collect();
+    let dir = START_DIR
+        .get()
+        .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(nul))
+        .transpose()?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    use std::os::fd::AsFd;
+    let launch = Launch {
+        argv: &argv,
+        env: &env,
+        listen_pid: false,
+        take_terminal: false,
+        stdin: Some(null.as_fd()),
+        output: match output {
+            HelperOutput::Null => Some(null.as_fd()),
+            HelperOutput::Inherit => None,
+        },
+        dir: dir.as_deref(),
+        mask: crate::signals::inherited_mask().0,
     };
-    let mask = crate::signals::inherited_mask().0;
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .env_remove("NOTIFY_SOCKET");
-    if let Some(dir) = START_DIR.get() {
-        cmd.current_dir(dir);
-    }
-    // SAFETY: runs between fork and exec; pthread_sigmask is async-signal-safe and
-    // reads only the copied `mask`.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(move || {
-            pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&mask), None).map_err(io::Error::from)
-        });
-    }
-    let child = cmd.spawn()?;
-    Ok(child.id() as i32)
+    start(&launch)
 }

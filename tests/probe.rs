@@ -331,6 +331,85 @@ fn degraded_shows_each_check() {
     });
 }
 
+/// A server that answers every connection with `reply`, written in two halves
+/// (the check must read a head that arrives in pieces).
+async fn raw_app(reply: &'static [u8]) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::task::spawn_local(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let mut buf = [0u8; 2048];
+            let _ = c.read(&mut buf).await;
+            let (a, b) = reply.split_at(reply.len() / 2);
+            let _ = c.write_all(a).await;
+            let _ = c.flush().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = c.write_all(b).await;
+        }
+    });
+    addr
+}
+
+/// What an HTTP check makes of real-world response heads.
+#[test]
+fn http_check_reads_the_status_of_real_response_heads() {
+    local(async {
+        let many_headers: &'static [u8] = Box::leak(
+            format!(
+                "HTTP/1.1 200 OK\r\n{}Content-Length: 0\r\n\r\n",
+                "X-Filler: yes\r\n".repeat(100)
+            )
+            .into_bytes()
+            .into_boxed_slice(),
+        );
+        let cases: Vec<(&str, &'static [u8], serde_json::Value)> = vec![
+            (
+                "interim",
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+                json!({"ok": true}),
+            ),
+            ("many-headers", many_headers, json!({"ok": true})),
+            (
+                "redirect",
+                b"HTTP/1.0 302 Found\r\nLocation: /x\r\n\r\n",
+                json!({"ok": true}),
+            ),
+            (
+                "error",
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+                json!({"ok": false, "detail": "http status 503"}),
+            ),
+            (
+                "garbage",
+                b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+                json!({"ok": false, "detail": "bad response"}),
+            ),
+            (
+                "silent",
+                b"",
+                json!({"ok": false, "detail": "no response"}),
+            ),
+        ];
+        let mut checks = Vec::new();
+        for (name, reply, _) in &cases {
+            let addr = raw_app(reply).await;
+            checks.push(check(
+                name,
+                CheckKind::Http(format!("http://{addr}/health")),
+                1000,
+            ));
+        }
+        let s = Server::start(checks);
+        s.phase(Phase::Ready);
+        let r = s.get("/readyz").await;
+        for (name, _, want) in &cases {
+            assert_eq!(&r.json()["checks"][name], want, "{name}: {}", r.body);
+        }
+    });
+}
+
 /// `localhost` is 127.0.0.1, then ::1, with no resolver: an app listening on
 /// either passes, as in a `FROM scratch` image without /etc/hosts.
 #[test]
@@ -648,7 +727,7 @@ impl Running {
             .iter()
             .position(|a| *a == "--probe-addr")
             .and_then(|i| args.get(i + 1)?.rsplit_once(':')?.1.parse().ok());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_drainit"));
+        let mut cmd = Command::new(drainit_bin());
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -743,6 +822,14 @@ impl Drop for Running {
 }
 
 /// `--probe-addr 127.0.0.1:<free>` plus short drain durations.
+/// As `tests/common`'s `bin()`: this build's drainit, or the one `DRAINIT_BIN` names.
+fn drainit_bin() -> String {
+    std::env::var("DRAINIT_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_drainit").to_string())
+}
+
 fn base_flags(probe: u16) -> Vec<String> {
     [
         "--probe-addr",

@@ -534,6 +534,32 @@ fn a_closed_stderr_does_not_crash_drainit() {
     assert_eq!(out.code(), Some(3));
 }
 
+/// Closed fds 0–2 are reopened on /dev/null before drainit opens anything of its
+/// own: its probe socket never becomes its stdin or stderr, and the child starts
+/// with all three open.
+#[test]
+fn closed_standard_fds_become_dev_null() {
+    let tmp = TmpDir::new("closed-fds");
+    let out = tmp.join("out");
+    let script = format!(
+        "exec 0<&- 2>&-; exec {} --probe-addr 127.0.0.1:0 --log-level off -- sh -c \
+         'for fd in 0 2; do readlink /proc/$PPID/fd/$fd /proc/self/fd/$fd; done' > {}",
+        bin(),
+        out.display()
+    );
+    let st = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        text.lines().filter(|l| *l == "/dev/null").count(),
+        4,
+        "{text}"
+    );
+}
+
 #[test]
 fn terminal_foreground_group_under_script() {
     // `script` gives drainit a pty as stdin: the child's group must become the

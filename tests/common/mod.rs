@@ -27,8 +27,16 @@ pub enum Mode {
 
 pub const BOTH: [Mode; 2] = [Mode::Subreaper, Mode::Pid1];
 
+/// The drainit under test: this build's, or the binary `DRAINIT_BIN` names (to run
+/// the whole suite against a packaged build, e.g. the static musl one).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_drainit")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("DRAINIT_BIN")
+            .ok()
+            .filter(|b| !b.is_empty())
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_drainit").to_string())
+    })
 }
 
 pub fn fixture(name: &str) -> String {
