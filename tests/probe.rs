@@ -549,25 +549,8 @@ fn concurrent_probes_share_one_evaluation() {
 
 /// A one-shot HTTP server that answers every request with `status`.
 async fn http_app(status: u16) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::task::spawn_local(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            let mut buf = [0u8; 2048];
-            let _ = c.read(&mut buf).await;
-            let _ = c
-                .write_all(
-                    format!(
-                        "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        }
-    });
-    addr
+    let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    raw_app(Box::leak(reply.into_bytes().into_boxed_slice())).await
 }
 
 #[test]
