@@ -57,7 +57,8 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
 /// The part of std's runtime start-up drainit keeps: fds 0–2 are open (a closed
 /// one becomes /dev/null, so no socket or file of drainit's lands on it), and
 /// SIGPIPE is ignored in drainit (a write to a closed pipe or socket is an error,
-/// not death; what drainit starts gets the default back, see `spawn`).
+/// not death; what drainit starts gets the disposition drainit inherited, see
+/// `spawn`).
 ///
 /// # Errors
 /// A closed fd 0–2 could not be reopened (no `/dev/null`): drainit must not run,
@@ -85,7 +86,9 @@ fn std_start() -> Result<(), ()> {
                 return Err(());
             }
         }
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        // What drainit inherited is what its children get (`spawn`).
+        let inherited = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        spawn::inherit_sigpipe_ignored(inherited == libc::SIG_IGN);
     }
     Ok(())
 }

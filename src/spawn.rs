@@ -5,8 +5,8 @@
 //! drainit's, that new group becomes the foreground group, so Ctrl-C and job control
 //! reach the app as in a shell (dumb-init PR #122). It starts with the signal mask
 //! drainit inherited and the dispositions drainit inherited (drainit installs no
-//! handler, so there is nothing to reset but std's SIGPIPE), and the fds drainit
-//! inherited; drainit's own fds are all close-on-exec.
+//! handler; it ignores SIGPIPE for itself and gives the child back the SIGPIPE
+//! disposition it inherited), and the fds drainit inherited; drainit's own fds are all close-on-exec.
 //!
 //! Must not: wait for anything (the reaper does), except for a child whose exec
 //! failed, reaped in [`start`] before the reaper knows of it. Everything drainit
@@ -98,6 +98,16 @@ pub fn owns_terminal() -> bool {
     isatty(&stdin).unwrap_or(false) && tcgetpgrp(&stdin).map(|g| g == getpgrp()).unwrap_or(false)
 }
 
+static SIGPIPE_IGNORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records whether SIGPIPE was ignored when drainit started (drainit then ignores
+/// it for itself): what drainit starts gets that disposition back, so SIGPIPE is
+/// inherited through drainit like every other signal's (POSIX: an ignored signal
+/// stays ignored across `execve`).
+pub fn inherit_sigpipe_ignored(ignored: bool) {
+    SIGPIPE_IGNORED.store(ignored, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What the child reads between `clone` and `execve`: everything built before the
 /// clone, so the child allocates nothing. It lives on the parent's stack and the
 /// child shares the parent's memory (`CLONE_VM`), so `exec_errno` written by a
@@ -116,6 +126,8 @@ struct ExecArgs {
     output: libc::c_int,
     /// The directory to start in, or null (drainit's).
     dir: *const libc::c_char,
+    /// SIGPIPE was ignored when drainit started.
+    sigpipe_ignored: bool,
     /// The signal mask drainit inherited: the child execs with it.
     mask: libc::sigset_t,
     /// SIGTTOU, SIGTTIN, SIGTSTP: blocked around `tcsetpgrp`.
@@ -159,11 +171,15 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     };
     // SAFETY (whole block): plain system calls on valid local or prebuilt memory.
     unsafe {
-        // drainit ignores SIGPIPE; what it starts gets the default back, as from a
-        // shell. Every other disposition is inherited as drainit inherited it.
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        if libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut()) != 0 {
+        // drainit ignores SIGPIPE for itself; what it starts gets the disposition
+        // drainit inherited, like every other disposition.
+        let mut pipe: libc::sigaction = std::mem::zeroed();
+        pipe.sa_sigaction = if a.sigpipe_ignored {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        if libc::sigaction(libc::SIGPIPE, &pipe, std::ptr::null_mut()) != 0 {
             return fail(a);
         }
         // New group: the child leads it (so forward-to group and job control work).
@@ -271,6 +287,7 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
         stdin: l.stdin.map_or(-1, |fd| fd.as_raw_fd()),
         output: l.output.map_or(-1, |fd| fd.as_raw_fd()),
         dir: l.dir.map_or(std::ptr::null(), |d| d.as_ptr()),
+        sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
         mask: *l.mask.as_ref(),
         tty_block: *tty_block.as_ref(),
         exec_errno: std::sync::atomic::AtomicI32::new(0),

@@ -311,6 +311,23 @@ fn the_child_starts_with_the_signal_state_drainit_inherited() {
     }
 }
 
+/// drainit ignores SIGPIPE for itself, yet the child gets the SIGPIPE disposition
+/// drainit inherited: ignored stays ignored (the default case is the test above).
+#[test]
+fn an_inherited_ignored_sigpipe_stays_ignored_in_the_child() {
+    for mode in BOTH {
+        let r = Running::start_with(Start {
+            mode,
+            launch: &["--ignore", "PIPE"],
+            args: &[OFF, "--", "sleep", "30"],
+            env: &[],
+        });
+        let child = r.child_running("sleep");
+        let (_, ignored, _) = sig_state(child);
+        assert_eq!(ignored, "0000000000001000", "{mode:?}: SigIgn of the child");
+    }
+}
+
 fn fds_of(pid: i32) -> Vec<i32> {
     let mut v: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
