@@ -8,13 +8,16 @@
 //! child (same open file description): when nobody reads it (a log shipper that
 //! stalled, `drainit … | sleep 20`), write(2) blocks once the pipe is full. Had the
 //! supervisor thread made that write, it would freeze in it: no forward, no SIGKILL
-//! at the deadline, `/healthz` timing out. So a line is written at once only when
-//! that cannot block (nothing queued, and stderr is a regular file or /dev/null);
-//! otherwise it goes through a bounded queue to a writer thread, started the first
-//! time it is needed, and a full queue drops the line (counted, and
-//! announced as "N log lines dropped" once there is room again). O_NONBLOCK on fd 2
-//! is not an option: the flag lives in the open file description, which the child
-//! shares, and would hand it EAGAIN on its own writes.
+//! at the deadline, `/healthz` timing out. So a line is written at once only as far
+//! as that cannot block: through fd 2 when it is a regular file or /dev/null, and
+//! for a pipe or a terminal through a second open file description of it, opened
+//! from `/proc/self/fd/2` with O_NONBLOCK (the flag lives in the open file
+//! description: on fd 2 itself, which the child shares, it would hand the app
+//! EAGAIN on its own writes). What cannot be written now (a full pipe, a socket,
+//! no `/proc`) goes through a bounded queue to a writer thread, started the first
+//! time it is needed, and a full queue drops the line (counted, and announced as
+//! "N log lines dropped" once there is room again). Nothing written directly ever
+//! overtakes a queued line.
 //!
 //! Invariant: write errors are ignored (a closed stderr must never panic drainit,
 //! CONVENTIONS pitfall 9), and the exit report is the last line drainit writes: the
@@ -41,14 +44,14 @@ const PANIC_WRITE_BOUND: Duration = Duration::from_secs(1);
 
 /// What the writer thread is asked to do, in order.
 enum Msg {
-    /// A formatted line, newline included.
-    Line(String),
+    /// A formatted line (or what of it was not written at once), newline included.
+    Line(Vec<u8>),
     /// This many lines were dropped since the last notice.
     Dropped(u64),
     /// Acknowledge once everything before has been written.
     Flush(SyncSender<()>),
     /// The exit report (no newline): written, acknowledged, and nothing after it.
-    Final(String, SyncSender<()>),
+    Final(Vec<u8>, SyncSender<()>),
 }
 
 /// A bounded queue in front of a writer thread. One per process ([`init`]); tests
@@ -107,7 +110,8 @@ impl Queue {
 
     /// Queues a formatted line (newline included). Never blocks: when the queue is
     /// full the line is dropped and counted.
-    pub fn push(&self, line: String) {
+    pub fn push(&self, line: impl Into<Vec<u8>>) {
+        let line = line.into();
         let pending = self.dropped.swap(0, Ordering::Relaxed);
         if pending > 0 && self.try_send(Msg::Dropped(pending)).is_err() {
             self.dropped.fetch_add(pending + 1, Ordering::Relaxed);
@@ -137,7 +141,7 @@ impl Queue {
     /// Queues `line` (without newline) as the last line, after every line queued
     /// before, and waits at most `within` for it to be written. Returns whether it
     /// was. Lines pushed afterwards are discarded.
-    pub fn write_final(&self, line: &str, within: Duration) -> bool {
+    pub fn write_final(&self, line: impl AsRef<[u8]>, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         let pending = self.dropped.swap(0, Ordering::Relaxed);
         if pending > 0 {
@@ -145,7 +149,7 @@ impl Queue {
             let _ = self.send_until(Msg::Dropped(pending), deadline);
         }
         let (ack_tx, ack_rx) = mpsc::sync_channel(1);
-        self.send_until(Msg::Final(line.to_string(), ack_tx), deadline)
+        self.send_until(Msg::Final(line.as_ref().to_vec(), ack_tx), deadline)
             && ack_rx
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .is_ok()
@@ -178,7 +182,7 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>, backl
         let _written = Written(backlog);
         match msg {
             Msg::Line(line) => {
-                let _ = out.write_all(line.as_bytes());
+                let _ = out.write_all(&line);
             }
             Msg::Dropped(n) => {
                 let what = if n == 1 { "line" } else { "lines" };
@@ -194,7 +198,7 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>, backl
                 let _ = ack.try_send(());
             }
             Msg::Final(line, ack) => {
-                let _ = out.write_all(line.as_bytes());
+                let _ = out.write_all(&line);
                 let _ = out.write_all(b"\n");
                 let _ = out.flush();
                 let _ = ack.try_send(());
@@ -213,34 +217,89 @@ impl Drop for Written<'_> {
     }
 }
 
-/// The fast path, on the caller's thread: write `bytes` to stderr at once, only
-/// when stderr is a regular file or `/dev/null`, which never block. A pipe, a
-/// terminal or a socket may fill between any check and the write (the child writes
-/// to the same pipe), so for those every line goes through the writer thread.
-/// Returns `false` (nothing written) when the caller must queue the line.
-fn direct(bytes: &[u8]) -> bool {
-    if !*STDERR_NEVER_BLOCKS.get_or_init(stderr_never_blocks) {
-        return false;
+/// The fast path, on the caller's thread: writes what of `bytes` can be written
+/// now without blocking; returns how many bytes that was (the caller queues the
+/// rest for the writer thread, so order is kept).
+///
+/// - stderr is a regular file or `/dev/null`: such writes never block; written
+///   through fd 2 itself.
+/// - stderr is a pipe or a terminal (the container default): written through a
+///   second open file description of the same pipe or terminal, opened from
+///   `/proc/self/fd/2` and made non-blocking. O_NONBLOCK lives in the open file
+///   description, so the child's fd 2 stays blocking; drainit gets EAGAIN instead
+///   of blocking when nobody reads, and queues from there. A run whose stderr keeps
+///   up never starts the writer thread.
+/// - anything else (a socket, which `/proc` cannot reopen; no `/proc`): 0, every
+///   line goes through the writer thread.
+fn direct(bytes: &[u8]) -> usize {
+    match DIRECT.get_or_init(direct_stderr) {
+        Direct::NeverBlocks => {
+            // Errors (a full disk) are ignored, like every write here.
+            let _ = std::io::stderr().lock().write_all(bytes);
+            bytes.len()
+        }
+        Direct::NonBlocking(f) => {
+            let mut done = 0;
+            while done < bytes.len() {
+                match (&*f).write(&bytes[done..]) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // Closed or broken: nothing can be written, by anyone.
+                    Err(_) => return bytes.len(),
+                }
+            }
+            done
+        }
+        Direct::Queue => 0,
     }
-    // Errors (a full disk) are ignored, like every write here.
-    let _ = std::io::stderr().lock().write_all(bytes);
-    true
 }
 
-/// Whether fd 2 is a regular file or `/dev/null` (char device 1:3).
-fn stderr_never_blocks() -> bool {
+/// How [`direct`] writes.
+enum Direct {
+    /// fd 2 is a regular file or `/dev/null`.
+    NeverBlocks,
+    /// drainit's own non-blocking open file description of fd 2's pipe or terminal.
+    NonBlocking(std::fs::File),
+    /// Only through the writer thread.
+    Queue,
+}
+
+fn direct_stderr() -> Direct {
     use nix::sys::stat::{SFlag, fstat};
+    use std::os::unix::fs::OpenOptionsExt;
     let Ok(st) = fstat(std::io::stderr()) else {
-        return false;
+        return Direct::Queue;
     };
     let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
-    kind == SFlag::S_IFREG
-        || (kind == SFlag::S_IFCHR
-            && nix::sys::stat::major(st.st_rdev) == 1
-            && nix::sys::stat::minor(st.st_rdev) == 3)
+    let dev_null = kind == SFlag::S_IFCHR
+        && nix::sys::stat::major(st.st_rdev) == 1
+        && nix::sys::stat::minor(st.st_rdev) == 3;
+    if kind == SFlag::S_IFREG || dev_null {
+        return Direct::NeverBlocks;
+    }
+    if kind != SFlag::S_IFIFO && kind != SFlag::S_IFCHR {
+        return Direct::Queue;
+    }
+    let own = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open("/proc/self/fd/2");
+    match own {
+        // The same pipe or terminal, and truly a description of its own (not
+        // fd 2's, which would be shared with the child).
+        Ok(f) => match fstat(&f) {
+            Ok(o) if o.st_dev == st.st_dev && o.st_ino == st.st_ino && o.st_rdev == st.st_rdev => {
+                Direct::NonBlocking(f)
+            }
+            _ => Direct::Queue,
+        },
+        Err(_) => Direct::Queue,
+    }
 }
 
-static STDERR_NEVER_BLOCKS: OnceLock<bool> = OnceLock::new();
+static DIRECT: OnceLock<Direct> = OnceLock::new();
 
 /// Set once the exit report was handed over: [`flush`] then waits no more (the
 /// report's own bound already covered a stuck stderr).
@@ -337,15 +396,22 @@ static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 /// inherits that mask.
 fn emit(format: LogFormat, line: String) {
     let queue = QUEUE.get();
-    if queue.is_none_or(Queue::idle) && direct(line.as_bytes()) {
-        return;
+    let mut line = line.into_bytes();
+    if queue.is_none_or(Queue::idle) {
+        let written = direct(&line);
+        if written == line.len() {
+            return;
+        }
+        // A part of a line written (a pipe with less room than the line): the rest
+        // is queued, nothing may overtake it.
+        line.drain(..written);
     }
     match self::queue(format) {
         Some(q) => q.push(line),
         // No writer thread (it could not be created): write directly, which may
         // block on a full pipe, as a last resort.
         None => {
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            let _ = std::io::stderr().lock().write_all(&line);
         }
     }
 }
@@ -368,14 +434,21 @@ pub fn flush(within: Duration) -> bool {
 /// written directly. Returns whether it was written; errors are ignored.
 pub fn write_final(line: &str, within: Duration) -> bool {
     FINAL_DONE.store(true, Ordering::Relaxed);
-    if QUEUE.get().is_none_or(Queue::idle) && direct(format!("{line}\n").as_bytes()) {
-        return true;
+    let mut line = line.as_bytes();
+    if QUEUE.get().is_none_or(Queue::idle) {
+        let whole = [line, b"\n"].concat();
+        let written = direct(&whole);
+        if written == whole.len() {
+            return true;
+        }
+        // The rest goes after, through the writer thread (which adds the newline).
+        line = &line[written..];
     }
     match queue(FORMAT.get().copied().unwrap_or(LogFormat::Text)) {
         Some(q) => q.write_final(line, within),
         None => {
             let mut err = std::io::stderr().lock();
-            let ok = err.write_all(line.as_bytes()).is_ok() && err.write_all(b"\n").is_ok();
+            let ok = err.write_all(line).is_ok() && err.write_all(b"\n").is_ok();
             let _ = err.flush();
             ok
         }
@@ -446,9 +519,9 @@ mod tests {
         }
         drop(held);
         assert!(q.flush_within(Duration::from_secs(5)));
-        q.push("after\n".into());
+        q.push("after\n");
         assert!(q.write_final("{\"report\":1}", Duration::from_secs(5)));
-        q.push("too late\n".into());
+        q.push("too late\n");
         let out = text(&w.out);
         let lines: Vec<&str> = out.lines().collect();
         let written = lines.iter().filter(|l| l.starts_with("line ")).count();
@@ -481,7 +554,7 @@ mod tests {
             }
         }
         let q = Queue::start(Closed, LogFormat::Json, 4).unwrap();
-        q.push("x\n".into());
+        q.push("x\n");
         assert!(q.write_final("{}", Duration::from_secs(5)));
     }
 

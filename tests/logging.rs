@@ -88,3 +88,84 @@ impl Drop for Guard {
         kill_marked(&self.0);
     }
 }
+
+/// The `flags:` of `/proc/PID/fdinfo/FD`, octal.
+fn fd_flags(pid: i32, fd: i32) -> u32 {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap();
+    let flags = info
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .unwrap()
+        .trim();
+    u32::from_str_radix(flags, 8).unwrap()
+}
+
+/// With stderr a pipe that is read (the container default), drainit writes its
+/// lines itself through a non-blocking description of its own: no writer thread,
+/// and the fd 2 it shares with the child stays blocking (O_NONBLOCK there would
+/// hand the app EAGAIN). Every line arrives, in order, the report last.
+#[test]
+fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
+    let tmp = TmpDir::new("pipe-stderr");
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "--probe-addr",
+        "off",
+        "--pre-drain-delay",
+        "0s",
+        "--",
+        "sleep",
+        "30",
+    ])
+    .env("DRAINIT_TEST_TMP", tmp.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    reset_glibc_signals(&mut cmd);
+    let mut drainit = cmd.spawn().unwrap();
+    let _guard = Guard(tmp.path().to_path_buf());
+    let pid = drainit.id() as i32;
+    let mut stderr = drainit.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        text
+    });
+    let child = wait_for(Duration::from_secs(5), || {
+        let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("drainit started no child");
+    // The "started" line has been written by now (it comes right after the spawn).
+    std::thread::sleep(Duration::from_millis(200));
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        threads, 1,
+        "drainit started a thread for a stderr that keeps up"
+    );
+    assert_eq!(
+        fd_flags(pid, 2) & libc::O_NONBLOCK as u32,
+        0,
+        "drainit's fd 2"
+    );
+    assert_eq!(
+        fd_flags(child, 2) & libc::O_NONBLOCK as u32,
+        0,
+        "the child's fd 2"
+    );
+
+    assert!(kill(pid, libc::SIGTERM), "could not signal drainit");
+    let status = wait_for(Duration::from_secs(10), || drainit.try_wait().unwrap())
+        .expect("drainit did not exit");
+    assert_eq!(status.code(), Some(0));
+    let text = reader.join().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("grace budget"), "{text}");
+    assert!(lines[1].contains("started sleep"), "{text}");
+    assert!(
+        lines.last().unwrap().starts_with("{\"drainit\":\"exit\""),
+        "{text}"
+    );
+}
