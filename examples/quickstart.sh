@@ -16,15 +16,15 @@ DRAINIT=${CARGO_TARGET_DIR:-target}/release/drainit
 APP=${APP_PORT:-18080}; PROBE=${PROBE_PORT:-18079}
 get() { python3 -c 'import sys, urllib.request as u
 try:
-    r = u.urlopen(sys.argv[1], timeout=1); print(r.status, r.read().decode()[:60].replace("\n", " "))
+    r = u.urlopen(sys.argv[1], timeout=1); print(r.status, r.read().decode()[:200].replace("\n", " "))
 except u.HTTPError as e:
-    print(e.code, e.read().decode()[:60])
+    print(e.code, e.read().decode()[:200])
 except Exception as e:
     print("000", type(e).__name__)' "$1"; }
 
 "$DRAINIT" --probe-addr "127.0.0.1:$PROBE" --ready-tcp "127.0.0.1:$APP" \
   --pre-drain-delay 2s --drain-timeout 5s --report-file /tmp/drainit-report.json \
-  -- python3 -m http.server "$APP" --bind 127.0.0.1 2>/tmp/drainit-quickstart.err &
+  -- python3 -m http.server "$APP" --bind 127.0.0.1 >/tmp/drainit-quickstart.out 2>/tmp/drainit-quickstart.err &
 PID=$!
 trap 'kill -KILL $PID 2>/dev/null || true' EXIT
 echo "drainit pid $PID; /readyz right away: $(get http://127.0.0.1:$PROBE/readyz)"

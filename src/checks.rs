@@ -304,7 +304,8 @@ fn base64(input: &[u8]) -> String {
     out
 }
 
-/// Most a response head may take before the check gives up on it (bytes).
+/// How much of a response head a check reads (bytes); past that, the status line
+/// decides.
 const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 
 /// `GET` with `Connection: close`; passes on status 200–399. Only the response head
@@ -352,18 +353,21 @@ async fn http(url: &str) -> Result<(), String> {
             let mut headers = [httparse::EMPTY_HEADER; 64];
             let mut resp = httparse::Response::new(&mut headers);
             let status = match resp.parse(&head) {
-                // An interim response (1xx, `103 Early Hints`) is skipped: the
-                // answer follows it.
-                Ok(httparse::Status::Complete(len)) if resp.code.is_some_and(|c| c < 200) => {
+                // An interim response (1xx but 101, `103 Early Hints`) is skipped:
+                // the answer follows it (RFC 9110 §15.2). 101 is final.
+                Ok(httparse::Status::Complete(len))
+                    if resp.code.is_some_and(|c| c < 200 && c != 101) =>
+                {
                     head.drain(..len);
                     continue;
                 }
                 Ok(httparse::Status::Complete(_)) => resp.code,
-                // More headers than room for them: the status line is all a check
-                // needs.
+                // More headers than room for them, or a head longer than a check
+                // reads: the status line is all a check needs.
                 Err(httparse::Error::TooManyHeaders) => resp.code,
                 Ok(httparse::Status::Partial) if head.len() < MAX_RESPONSE_HEAD => break,
-                Ok(httparse::Status::Partial) | Err(_) => None,
+                Ok(httparse::Status::Partial) => resp.code,
+                Err(_) => None,
             };
             return match status {
                 Some(code) if (200..400).contains(&code) => Ok(()),
@@ -377,11 +381,8 @@ async fn http(url: &str) -> Result<(), String> {
 async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), String> {
     let (pid, rx) = {
         let mut r = reaper.borrow_mut();
-        let pid = spawn_helper(argv, HelperOutput::Null).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => "not found".to_string(),
-            std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-            _ => "cannot execute".to_string(),
-        })?;
+        let pid =
+            spawn_helper(argv, HelperOutput::Null).map_err(|e| crate::spawn::io_error_kind(&e))?;
         (pid, r.register(pid))
     };
     /// Kills the check's process group if the check is dropped (timed out) before

@@ -71,7 +71,7 @@ pub struct Cli {
     #[arg(long, env = "DRAINIT_GRACE_PERIOD", value_name = "DUR")]
     pub grace_period: Option<String>,
     /// Refuse to start (exit 78) when delay + timeout + teardown does not fit the grace period
-    #[arg(long, env = "DRAINIT_STRICT_BUDGET", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "DRAINIT_STRICT_BUDGET", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub strict_budget: Option<String>,
     /// A signal that starts a drain (repeatable; replaces the default TERM, INT, QUIT) [env: DRAINIT_DRAIN_SIGNAL]
     #[arg(long, value_name = "SIG")]
@@ -98,7 +98,7 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub ready_file: Vec<String>,
     /// Readiness through NOTIFY_SOCKET: the app sends READY=1 (systemd's sd_notify protocol)
-    #[arg(long, env = "DRAINIT_READY_NOTIFY", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "DRAINIT_READY_NOTIFY", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub ready_notify: Option<String>,
     /// Timeout of each readiness check [default: 1s]
     #[arg(long, env = "DRAINIT_CHECK_TIMEOUT", value_name = "DUR")]
@@ -678,17 +678,36 @@ fn read_file(path: &std::path::Path) -> Result<(FileConfig, String), ConfigError
         ))
     })?;
     let file: FileConfig = toml::from_str(&text).map_err(|e| {
-        let at = e.span().map(|s| {
-            let (l, c) = line_col(&text, s.start);
-            format!(":{l}:{c}")
-        });
-        ConfigError::config(format!(
-            "config file {shown}{}: {}",
-            at.unwrap_or_default(),
-            e.message().trim_end()
-        ))
+        let msg = e.message().trim_end();
+        let Some(span) = e.span() else {
+            return ConfigError::config(format!("{shown}: {msg}"));
+        };
+        let (l, c) = line_col(&text, span.start);
+        // A bad value (`pre_drain_delay = 5`): name its key, as every other file
+        // error does.
+        match key_of_value_at(&text, span.start) {
+            Some(key) => ConfigError::config(format!(
+                "{shown}:{l}:{c}: invalid value for key `{key}`: {msg}"
+            )),
+            None => ConfigError::config(format!("{shown}:{l}:{c}: {msg}")),
+        }
     })?;
     Ok((file, text))
+}
+
+/// The key whose value starts at byte `at`: the bare key before `=` on that line
+/// (`pre_drain_delay = 5` → `pre_drain_delay`), or `None` when `at` is not after a
+/// `key =` on its line.
+fn key_of_value_at(text: &str, at: usize) -> Option<&str> {
+    let line_start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let before = &text[line_start..at.min(text.len())];
+    let (key, _) = before.split_once('=')?;
+    let key = key.trim();
+    (!key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    .then_some(key)
 }
 
 fn io_kind(e: &std::io::Error) -> String {
@@ -1464,8 +1483,28 @@ mod tests {
         );
         let e = load(&["--config", "/nonexistent/drainit.toml", "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
-        let _ = std::fs::remove_file(p);
-        let _ = std::fs::remove_file(p2);
+        // A value of the wrong type: the key is named too, also inside a table.
+        let p3 = write_file("types", "pre_drain_delay = 5\n");
+        let e = load(&["--config", p3.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert!(
+            e.message
+                .contains(":1:19: invalid value for key `pre_drain_delay`"),
+            "{}",
+            e.message
+        );
+        let p4 = write_file(
+            "check-types",
+            "[[check]]\ntcp = \"127.0.0.1:1\"\ntimeout = 3\n",
+        );
+        let e = load(&["--config", p4.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert!(
+            e.message.contains(":3:11: invalid value for key `timeout`"),
+            "{}",
+            e.message
+        );
+        for p in [p, p2, p3, p4] {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     #[test]
@@ -1487,6 +1526,27 @@ mod tests {
         // 29 s + 1 s spare fits exactly.
         let c = load(&["--strict-budget", "--pre-drain-delay", "9s", "true"], &[]).unwrap();
         assert!(c.budget().fits());
+    }
+
+    #[test]
+    fn switches_take_a_value_only_after_an_equals_sign() {
+        // `true` right after the switch is the command, not the switch's value.
+        for flag in ["--strict-budget", "--ready-notify"] {
+            let c = load(&[flag, "true"], &[]).unwrap();
+            assert_eq!(c.command, vec![OsString::from("true")], "{flag}");
+        }
+        let c = load(&["--strict-budget", "true"], &[]).unwrap();
+        assert!(c.strict_budget);
+        let c = load(&["--strict-budget=false", "true"], &[]).unwrap();
+        assert!(!c.strict_budget);
+        let c = load(&["--ready-notify=true", "sleep", "1"], &[]).unwrap();
+        assert!(c.ready_notify);
+        assert_eq!(
+            load(&["--strict-budget=maybe", "true"], &[])
+                .unwrap_err()
+                .code,
+            64
+        );
     }
 
     #[test]

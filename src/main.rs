@@ -139,6 +139,7 @@ fn run(args: Vec<OsString>) -> i32 {
         }
     };
     logging::init(cfg.log_format, cfg.log_level);
+    warn_unrunnable(&cfg);
     anchor_paths(&mut cfg);
     if cfg.check_config {
         let _ = std::io::stdout().write_all(cfg.render().as_bytes());
@@ -296,6 +297,26 @@ fn child_spec(cfg: &config::Config, notify_env: Vec<(OsString, OsString)>) -> Ch
         argv: cfg.command.clone(),
         env,
         rewrite_listen_pid,
+    }
+}
+
+/// Teardown steps and exec checks run later, when a typo can no longer be fixed
+/// (a drain that ends in `teardown_failed`, a check that never passes): a command
+/// not found now is worth a warning at start. Not an error: it may yet appear (a
+/// volume mounted later, a file the app writes).
+fn warn_unrunnable(cfg: &config::Config) {
+    let steps = cfg
+        .teardown
+        .iter()
+        .map(|t| ("teardown step", t.name.as_str(), &t.argv));
+    let checks = cfg.checks.iter().filter_map(|c| match &c.kind {
+        config::CheckKind::Exec(argv) => Some(("exec check", c.name.as_str(), argv)),
+        _ => None,
+    });
+    for (what, name, argv) in steps.chain(checks) {
+        if let Some(program) = argv.first().filter(|p| !spawn::runnable(p)) {
+            log::warn!("{what} '{name}': '{program}' is not an executable file here (yet)");
+        }
     }
 }
 

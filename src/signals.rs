@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::os::fd::AsRawFd;
 
-use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, pthread_sigmask};
+use nix::sys::signal::{SigSet, Signal as NixSignal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use tokio::io::unix::AsyncFd;
 
@@ -264,11 +264,30 @@ pub struct InheritedMask(pub(crate) SigSet);
 /// Returns the mask drainit inherited.
 ///
 /// # Errors
-/// `pthread_sigmask(2)` failed (it cannot, with a valid set).
+/// `rt_sigprocmask(2)` failed (it cannot, with a valid set).
+#[allow(unsafe_code)]
 pub fn block_caught() -> std::io::Result<InheritedMask> {
-    let mut old = SigSet::empty();
-    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&caught_set()), Some(&mut old))
-        .map_err(std::io::Error::from)?;
+    let set = caught_set();
+    let mut old = *SigSet::empty().as_ref();
+    // The system call itself, not the C library's wrapper: musl's clears 32–34 in
+    // the old mask it returns, and the child must get back exactly what drainit
+    // inherited (34 included, glibc's SIGRTMIN).
+    // SAFETY: rt_sigprocmask(2) reads one kernel sigset (8 bytes, `_NSIG / 8`) from
+    // `set` and writes one to `old`; both are sigset_t, at least that long.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            set.as_ref() as *const libc::sigset_t,
+            &mut old as *mut libc::sigset_t,
+            8usize,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a sigset_t the kernel filled in; its bits are signal numbers 1–64.
+    let old = unsafe { SigSet::from_sigset_t_unchecked(old) };
     let _ = INHERITED.set(InheritedMask(old));
     Ok(InheritedMask(old))
 }

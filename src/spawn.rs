@@ -47,18 +47,11 @@ impl SpawnError {
         }
     }
 
-    /// The report's `error`: `not found`, `permission denied`, or the errno's text.
+    /// The report's `error`: see [`io_error_kind`].
     pub fn kind(&self) -> String {
         match self {
             SpawnError::NotFound(_) => "not found".into(),
-            SpawnError::CannotExecute(_, e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                "permission denied".into()
-            }
-            SpawnError::CannotExecute(_, e) => match e.raw_os_error() {
-                Some(libc::ENOEXEC) => "exec format error".into(),
-                Some(libc::EISDIR) => "is a directory".into(),
-                _ => "cannot execute".into(),
-            },
+            SpawnError::CannotExecute(_, e) => io_error_kind(e),
             SpawnError::Nul(_) => "contains a NUL byte".into(),
         }
     }
@@ -221,7 +214,17 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
             *a.listen_pid.add(LISTEN_PID.len() + len) = 0;
         }
         // The mask drainit inherited, replacing drainit's own (nearly everything).
-        if libc::sigprocmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut()) != 0 {
+        // The system call itself: the C libraries' wrappers leave out the signals
+        // they keep for themselves (32 and 33; musl also 34).
+        let no_old: *mut libc::sigset_t = std::ptr::null_mut();
+        if libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &a.mask,
+            no_old,
+            8usize,
+        ) != 0
+        {
             return fail(a);
         }
         libc::execvpe(a.file, a.argv, a.envp);
@@ -384,14 +387,32 @@ fn env_entry(k: &std::ffi::OsStr, v: &std::ffi::OsStr) -> Vec<u8> {
     kv
 }
 
-/// The kind of a spawn error, for reports: `not found`, `permission denied`, or
-/// `cannot execute` (never the error's text).
+/// The kind of a spawn error, the same words for the main child, exec checks and
+/// teardown steps: `not found`, `permission denied`, `exec format error` (a
+/// script without `#!` in the musl build), `is a directory`, or `cannot execute`
+/// (never the error's text).
 pub fn io_error_kind(e: &io::Error) -> String {
-    match e.kind() {
-        io::ErrorKind::NotFound => "not found".into(),
-        io::ErrorKind::PermissionDenied => "permission denied".into(),
+    match (e.kind(), e.raw_os_error()) {
+        (io::ErrorKind::NotFound, _) => "not found".into(),
+        (io::ErrorKind::PermissionDenied, _) => "permission denied".into(),
+        (_, Some(libc::ENOEXEC)) => "exec format error".into(),
+        (_, Some(libc::EISDIR)) => "is a directory".into(),
         _ => "cannot execute".into(),
     }
+}
+
+/// Whether `program` names something `execvpe` could run: a path (with a `/`,
+/// relative to the current directory) that is executable, or a name found
+/// executable in one of `$PATH`'s directories. For warnings at start only: the
+/// answer may change before the program runs.
+pub fn runnable(program: &str) -> bool {
+    use nix::unistd::{AccessFlags, access};
+    let executable = |p: &std::path::Path| p.is_file() && access(p, AccessFlags::X_OK).is_ok();
+    if program.contains('/') {
+        return executable(std::path::Path::new(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path).any(|dir| executable(&dir.join(program)))
 }
 
 /// How a helper's output is treated.

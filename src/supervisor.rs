@@ -499,7 +499,11 @@ impl Supervisor {
                 })
             }
             Err(e) => {
-                log::error!("teardown step '{}' could not be started: {e}", step.name);
+                log::error!(
+                    "teardown step '{}' could not be started: {}",
+                    step.name,
+                    crate::spawn::io_error_kind(&e)
+                );
                 self.step = Some(Step {
                     pid: None,
                     started,

@@ -397,3 +397,44 @@ fn the_report_file_never_replaces_a_device_or_a_symlink() {
     let last = o.stderr.lines().last().unwrap_or("");
     assert!(last.starts_with("{\"drainit\":\"exit\""), "{}", o.stderr);
 }
+
+/// A teardown step or exec check whose program is not there gets a warning at
+/// start, naming it, while the app still runs (it may appear later); the step then
+/// fails at the drain with the same word in the log and the report.
+#[test]
+fn a_missing_helper_program_is_warned_about_at_start() {
+    let o = run(
+        &[
+            "--probe-addr",
+            "off",
+            "--teardown",
+            "/nonexistent/flush-metrics --now",
+            "--ready-exec",
+            "no-such-check-program",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    let warned = |what: &str, program: &str| {
+        o.stderr.lines().any(|l| {
+            l.contains("warning") && l.contains(what) && l.contains(&format!("'{program}'"))
+        })
+    };
+    assert!(
+        warned("teardown step", "/nonexistent/flush-metrics"),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        warned("exec check", "no-such-check-program"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(o.code, 2, "the step fails at the end: {}", o.stderr);
+    assert!(
+        o.stderr.contains("could not be started: not found"),
+        "{}",
+        o.stderr
+    );
+}

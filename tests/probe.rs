@@ -364,6 +364,12 @@ fn http_check_reads_the_status_of_real_response_heads() {
             .into_bytes()
             .into_boxed_slice(),
         );
+        // One header longer than a check reads (16 KiB): the status line decides.
+        let huge_head: &'static [u8] = Box::leak(
+            format!("HTTP/1.1 200 OK\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000))
+                .into_bytes()
+                .into_boxed_slice(),
+        );
         let cases: Vec<(&str, &'static [u8], serde_json::Value)> = vec![
             (
                 "interim",
@@ -371,6 +377,12 @@ fn http_check_reads_the_status_of_real_response_heads() {
                 json!({"ok": true}),
             ),
             ("many-headers", many_headers, json!({"ok": true})),
+            (
+                "switching",
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+                json!({"ok": false, "detail": "http status 101"}),
+            ),
+            ("huge-head", huge_head, json!({"ok": true})),
             (
                 "redirect",
                 b"HTTP/1.0 302 Found\r\nLocation: /x\r\n\r\n",
