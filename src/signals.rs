@@ -145,6 +145,13 @@ impl Signal {
         n.map(Signal).ok_or_else(bad)
     }
 
+    /// 32 and 33: kept by the C libraries for their threads (glibc's SIGCANCEL and
+    /// SIGSETXID, musl's SIGTIMER and SIGCANCEL). Sent from outside, they mean
+    /// nothing to an app either; drainit reads them and drops them.
+    pub fn is_reserved(self) -> bool {
+        self.0 == 32 || self.0 == 33
+    }
+
     /// Whether drainit catches this signal at all (everything but KILL, STOP, the
     /// fault signals and SIGPIPE; glibc's private 32 and 33 are excluded too).
     pub fn is_caught(self) -> bool {
@@ -235,9 +242,12 @@ fn caught_set() -> SigSet {
         }
     }
     // `sigfillset` leaves out what the C library keeps for itself: 32 and 33 in
-    // glibc, 32 to 34 in musl, whose `sigaddset` refuses them too. 34 is glibc's
-    // SIGRTMIN, an app's signal (see `Signal::rtmin`): set by bit.
-    with_bit(set, Signal::rtmin())
+    // glibc, 32 to 34 in musl, whose `sigaddset` refuses them too. They are set by
+    // bit: 34 is glibc's SIGRTMIN, an app's signal (see `Signal::rtmin`); 32 and 33
+    // would otherwise kill drainit when sent from outside (their default action;
+    // drainit uses no thread cancellation and no `setuid`, the C libraries' uses of
+    // them), and are read and dropped instead (`is_reserved`).
+    (32..=34).fold(set, with_bit)
 }
 
 /// `set` with signal `n` (1–64) added, bypassing the C library's reserved list.
@@ -503,7 +513,11 @@ mod tests {
         assert!(caught.contains(NixSignal::try_from(libc::SIGTERM).unwrap()));
         let raw = mask_bits(&caught);
         assert_ne!(raw & (1 << 33), 0, "34 is caught");
-        assert_eq!(raw & (0b11 << 31), 0, "32 and 33 are not");
+        assert_eq!(
+            raw & (0b11 << 31),
+            0b11 << 31,
+            "32 and 33 are read (and dropped)"
+        );
         assert!(Signal(Signal::rtmax()).is_caught());
     }
 

@@ -210,6 +210,12 @@ impl Supervisor {
                     for r in received {
                         if r.signal == Signal::CHLD {
                             chld = true;
+                        } else if r.signal.is_reserved() {
+                            log::warn!(
+                                "ignored signal {} from pid {}: the C library keeps it for itself",
+                                r.signal,
+                                r.sender
+                            );
                         } else {
                             log::debug!("received {} from pid {}", r.signal, r.sender);
                             self.queue.push_back(Event::Signal(r.signal));

@@ -185,6 +185,37 @@ fn sigchld_and_sigpipe_sent_to_drainit_are_not_forwarded() {
     assert!(!r.has("app: got SIGCHLD"), "{}", r.marks());
 }
 
+/// 32 and 33 belong to the C libraries (thread cancellation, setuid across
+/// threads). Sent to drainit from outside, their default action would kill it and
+/// orphan the app; they are read and dropped, and drainit goes on forwarding.
+#[test]
+fn the_c_librarys_own_signals_neither_kill_drainit_nor_reach_the_app() {
+    for mode in BOTH {
+        let app = sigapp("app", &[]);
+        let mut args = vec![OFF, "--pre-drain-delay", "0s", "--"];
+        args.extend(app.iter().map(String::as_str));
+        let mut r = Running::start(mode, &args);
+        r.wait_started(&["app"]);
+        r.signal(32);
+        r.signal(33);
+        r.signal(libc::SIGUSR1);
+        assert!(
+            r.wait_mark("app: got SIGUSR1", secs(5)),
+            "{mode:?}: drainit stopped forwarding: {}",
+            r.marks()
+        );
+        assert_eq!(r.count("app: got "), 1, "{mode:?}: {}", r.marks());
+        r.signal(libc::SIGTERM);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, 0, "{mode:?}: {}", r.stderr_text());
+        let log = r.stderr_text();
+        assert!(
+            log.contains("ignored signal 32") && log.contains("ignored signal 33"),
+            "{mode:?}: {log}"
+        );
+    }
+}
+
 fn two_in_a_group(extra: &[&str]) -> Running {
     let app = format!("{} {}", python(), fixture("sigapp.py"));
     let script = format!("NAME=worker {app} & exec env NAME=main {app}");
