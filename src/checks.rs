@@ -283,6 +283,33 @@ fn split_url(url: &str) -> Option<Target<'_>> {
     })
 }
 
+/// `%XX` escapes decoded (RFC 3986 §2.1): a URL's `user:password` is
+/// percent-encoded (`u%40x` for `u@x`), Basic auth wants the bytes themselves. A
+/// `%` not followed by two hex digits stays as it is.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&c| hex(c)),
+            b.get(i + 2).and_then(|&c| hex(c)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn base64(input: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
@@ -330,7 +357,7 @@ async fn http(url: &str) -> Result<(), String> {
     if let Some(u) = t.userinfo {
         req.push_str(&format!(
             "Authorization: Basic {}\r\n",
-            base64(u.as_bytes())
+            base64(&percent_decode(u))
         ));
     }
     req.push_str("\r\n");
@@ -418,6 +445,14 @@ pub async fn wait_ready(checks: Rc<Checks>, interval: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn userinfo_is_percent_decoded() {
+        assert_eq!(percent_decode("u%40x:p%3Aw"), b"u@x:p:w");
+        assert_eq!(percent_decode("a%2"), b"a%2");
+        assert_eq!(percent_decode("100%zz"), b"100%zz");
+        assert_eq!(percent_decode("plain:pw"), b"plain:pw");
+    }
 
     #[test]
     fn base64_matches_rfc4648() {
