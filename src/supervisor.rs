@@ -68,6 +68,10 @@ pub struct Supervisor {
     outsiders: bool,
     /// Processes that got the drain signal from drainit: `(pid, start)`.
     signalled: HashSet<(i32, u64)>,
+    /// The descendants `SampleInFlight` just read, for a `SignalRemaining` of the
+    /// same step (nothing was signalled in between): one /proc walk, not two.
+    /// Cleared after every action list.
+    sampled: Option<Vec<procs::Proc>>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
@@ -144,6 +148,7 @@ impl Supervisor {
             },
             outsiders: false,
             signalled: HashSet::new(),
+            sampled: None,
             queue,
             ready_rx,
             step: None,
@@ -256,6 +261,7 @@ impl Supervisor {
             for a in actions {
                 self.act(a);
             }
+            self.sampled = None;
         }
         self.publish();
     }
@@ -330,6 +336,7 @@ impl Supervisor {
             }
             Action::SampleInFlight => {
                 let alive = self.descendants().unwrap_or_default();
+                self.sampled = Some(alive.clone());
                 self.ledger.sample(alive.iter().map(procs::Proc::id));
                 let t = self.drain.timeline();
                 match self.drain.drain_signal() {
@@ -404,7 +411,11 @@ impl Supervisor {
     /// signalled, and SIGKILLed only at the deadline.
     fn signal_remaining(&mut self, sig: Signal) {
         // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
-        for p in self.descendants().unwrap_or_default() {
+        let left = match self.sampled.take() {
+            Some(v) => v,
+            None => self.descendants().unwrap_or_default(),
+        };
+        for p in left {
             if self.signalled.insert(p.id()) {
                 log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
                 self.send(p.pid, sig);
