@@ -196,6 +196,10 @@ async fn run_one(kind: &CheckKind, reaper: &Rc<RefCell<Reaper>>) -> Result<(), S
         CheckKind::Http(url) => http(url).await,
         CheckKind::Exec(argv) => exec(argv, reaper).await,
         CheckKind::File(p) => {
+            // On the loop thread: a hung filesystem (an NFS mount gone away) would
+            // stall it. tokio's blocking pool would not, but its code alone costs
+            // 64 KiB of resident set for every user (measured on the static musl
+            // build, 1328 -> 1392 KiB), against the memory target.
             if p.exists() {
                 Ok(())
             } else {
