@@ -19,11 +19,14 @@
 //!
 //! **Signals.** drainit installs no signal handler. At start it blocks every
 //! catchable signal but the fault signals and SIGPIPE, and reads them from a
-//! `signalfd` ([`signals`]). The child is forked with everything still blocked and
-//! restores, before `exec`, the mask drainit inherited; since drainit never changed
-//! a disposition, the child inherits drainit's inherited dispositions as they were
-//! (`nohup drainit -- app` keeps ignoring HUP). Signals that are not drain signals
-//! are forwarded at once to the child (or its group), after `--rewrite`.
+//! `signalfd` ([`signals`]). The child is started (`clone(CLONE_VM | CLONE_VFORK)`,
+//! as `posix_spawn` does, [`spawn`]) with everything still blocked and restores,
+//! before `exec`, the mask drainit inherited; drainit changed no disposition but
+//! SIGPIPE (ignored for itself, given back as inherited), so the child inherits
+//! drainit's inherited dispositions as they were (`nohup drainit -- app` keeps
+//! ignoring HUP). Signals that are not drain signals are forwarded at once to the
+//! child (or its group), after `--rewrite`; 32 and 33, the C libraries' own, are
+//! dropped.
 //!
 //! **Who kills.** Only the [`supervisor`] sends signals, and only to processes it
 //! has just seen alive and unreaped, in the same synchronous step, on the one
