@@ -9,7 +9,7 @@
 //! disposition it inherited), and the fds drainit inherited; drainit's own fds are all close-on-exec.
 //!
 //! Must not: wait for anything (the reaper does), except for a child whose exec
-//! failed, reaped in [`start`] before the reaper knows of it. Everything drainit
+//! failed, reaped in `start` before the reaper knows of it. Everything drainit
 //! starts (the main child, exec checks, teardown steps) is started the way glibc's
 //! `posix_spawn` starts a process (`clone(CLONE_VM | CLONE_VFORK)`, then `execvpe`
 //! with an argv and environment built before the clone): the main child's
@@ -331,7 +331,7 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
 
 /// Starts the main child: a new process group (the terminal's foreground group
 /// with `take_terminal`), drainit's inherited signal mask and fds, the spec's
-/// argv and environment (see [`start`]). Returns its pid once the exec succeeded.
+/// argv and environment (see `start`). Returns its pid once the exec succeeded.
 ///
 /// # Errors
 /// [`SpawnError`] when the command cannot be started (the failed child was
