@@ -701,9 +701,13 @@ fn read_file(path: &std::path::Path) -> Result<(FileConfig, String), ConfigError
 fn key_of_value_at(text: &str, at: usize) -> Option<&str> {
     let line_start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
     let before = &text[line_start..at.min(text.len())];
-    let (key, _) = before.split_once('=')?;
+    let (key, value_so_far) = before.split_once('=')?;
     let key = key.trim();
-    (!key.is_empty()
+    // Inside an inline table or array (`check = [{ tcp = … }]`) the error is about
+    // something deeper than the line's first key: then no key is named.
+    let nested = value_so_far.contains(['[', '{']);
+    (!nested
+        && !key.is_empty()
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
@@ -1502,7 +1506,15 @@ mod tests {
             "{}",
             e.message
         );
-        for p in [p, p2, p3, p4] {
+        // Inside an inline table: the line's first key is not the culprit.
+        let p5 = write_file("inline", "check = [{ tcp = \"127.0.0.1:1\", bogus = 3 }]\n");
+        let e = load(&["--config", p5.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert!(
+            e.message.contains("bogus") && !e.message.contains("key `check`"),
+            "{}",
+            e.message
+        );
+        for p in [p, p2, p3, p4, p5] {
             let _ = std::fs::remove_file(p);
         }
     }

@@ -10,11 +10,11 @@
 //! supervisor thread made that write, it would freeze in it: no forward, no SIGKILL
 //! at the deadline, `/healthz` timing out. So a line is written at once only as far
 //! as that cannot block: through fd 2 when it is a regular file or /dev/null, and
-//! for a pipe or a terminal through a second open file description of it, opened
-//! from `/proc/self/fd/2` with O_NONBLOCK (the flag lives in the open file
-//! description: on fd 2 itself, which the child shares, it would hand the app
-//! EAGAIN on its own writes). What cannot be written now (a full pipe, a socket,
-//! no `/proc`) goes through a bounded queue to a writer thread, started the first
+//! for a pipe (the container default) through a second open file description of
+//! it, opened from `/proc/self/fd/2` with O_NONBLOCK (the flag lives in the open
+//! file description: on fd 2 itself, which the child shares, it would hand the app
+//! EAGAIN on its own writes). What cannot be written now (a full pipe, a terminal,
+//! a socket, no `/proc`) goes through a bounded queue to a writer thread, started the first
 //! time it is needed, and a full queue drops the line (counted, and announced as
 //! "N log lines dropped" once there is room again). Nothing written directly ever
 //! overtakes a queued line.
@@ -85,7 +85,14 @@ impl Queue {
         let written = backlog.clone();
         std::thread::Builder::new()
             .name("drainit-log".into())
-            .spawn(move || write_lines(out, format, rx, &written))?;
+            .spawn(move || {
+                crate::signals::reblock();
+                write_lines(out, format, rx, &written)
+            })?;
+        // The C library's `pthread_create` unblocks the signals it keeps for itself
+        // (glibc 32 and 33; musl 33 and 34, glibc's SIGRTMIN) in the calling thread
+        // and the new one: blocked again here and at the top of the new thread.
+        crate::signals::reblock();
         Ok(Queue {
             tx,
             dropped: AtomicU64::new(0),
@@ -197,9 +204,11 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>, backl
                 let _ = out.flush();
                 let _ = ack.try_send(());
             }
-            Msg::Final(line, ack) => {
+            Msg::Final(mut line, ack) => {
+                // One write with its newline: nothing of another writer's can land
+                // between the report and its end of line.
+                line.push(b'\n');
                 let _ = out.write_all(&line);
-                let _ = out.write_all(b"\n");
                 let _ = out.flush();
                 let _ = ack.try_send(());
                 return;
@@ -223,14 +232,14 @@ impl Drop for Written<'_> {
 ///
 /// - stderr is a regular file or `/dev/null`: such writes never block; written
 ///   through fd 2 itself.
-/// - stderr is a pipe or a terminal (the container default): written through a
-///   second open file description of the same pipe or terminal, opened from
-///   `/proc/self/fd/2` and made non-blocking. O_NONBLOCK lives in the open file
+/// - stderr is a pipe (the container default): written through a second open file
+///   description of the same pipe, opened from `/proc/self/fd/2` and made
+///   non-blocking. O_NONBLOCK lives in the open file
 ///   description, so the child's fd 2 stays blocking; drainit gets EAGAIN instead
 ///   of blocking when nobody reads, and queues from there. A run whose stderr keeps
 ///   up never starts the writer thread.
-/// - anything else (a socket, which `/proc` cannot reopen; no `/proc`): 0, every
-///   line goes through the writer thread.
+/// - anything else (a terminal, a socket, which `/proc` cannot reopen; no `/proc`):
+///   0, every line goes through the writer thread.
 fn direct(bytes: &[u8]) -> usize {
     match DIRECT.get_or_init(direct_stderr) {
         Direct::NeverBlocks => {
@@ -260,7 +269,7 @@ fn direct(bytes: &[u8]) -> usize {
 enum Direct {
     /// fd 2 is a regular file or `/dev/null`.
     NeverBlocks,
-    /// drainit's own non-blocking open file description of fd 2's pipe or terminal.
+    /// drainit's own non-blocking open file description of fd 2's pipe.
     NonBlocking(std::fs::File),
     /// Only through the writer thread.
     Queue,
@@ -279,15 +288,19 @@ fn direct_stderr() -> Direct {
     if kind == SFlag::S_IFREG || dev_null {
         return Direct::NeverBlocks;
     }
-    if kind != SFlag::S_IFIFO && kind != SFlag::S_IFCHR {
+    // Pipes only: a write of up to PIPE_BUF (4 KiB) is all or nothing there, so a
+    // line is never split and no other writer's bytes land inside it. A terminal
+    // takes partial writes (and reopening `/dev/ptmx` would make a new terminal
+    // altogether): it goes through the writer thread, like sockets.
+    if kind != SFlag::S_IFIFO {
         return Direct::Queue;
     }
     let own = std::fs::OpenOptions::new()
         .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_NONBLOCK)
         .open("/proc/self/fd/2");
     match own {
-        // The same pipe or terminal, and truly a description of its own (not
+        // The same pipe, and truly a description of its own (not
         // fd 2's, which would be shared with the child).
         Ok(f) => match fstat(&f) {
             Ok(o) if o.st_dev == st.st_dev && o.st_ino == st.st_ino && o.st_rdev == st.st_rdev => {
@@ -422,6 +435,11 @@ fn emit(format: LogFormat, line: String) {
 /// thread, so a line still queued would be lost. Returns whether all were
 /// written; `true` without [`init`] (lines were written directly).
 pub fn flush(within: Duration) -> bool {
+    // After the exit report, whose own bound already covered a stuck stderr, no
+    // second wait: a stuck stderr delays the exit by one bound, not two.
+    if FINAL_DONE.load(Ordering::Relaxed) {
+        return QUEUE.get().is_none_or(Queue::idle);
+    }
     QUEUE
         .get()
         .is_none_or(|q| q.idle() || q.flush_within(within))

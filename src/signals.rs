@@ -302,6 +302,26 @@ pub fn block_caught() -> std::io::Result<InheritedMask> {
     Ok(InheritedMask(old))
 }
 
+/// Blocks the caught signals again in the calling thread (the raw system call, as
+/// in [`block_caught`]): after `pthread_create`, which unblocks the signals the C
+/// library keeps for itself in both threads. Errors cannot happen with a valid set
+/// and are ignored.
+#[allow(unsafe_code)]
+pub fn reblock() {
+    let set = caught_set();
+    let no_old: *mut libc::sigset_t = std::ptr::null_mut();
+    // SAFETY: rt_sigprocmask(2) reads one 8-byte kernel sigset from a valid sigset_t.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            set.as_ref() as *const libc::sigset_t,
+            no_old,
+            8usize,
+        );
+    }
+}
+
 static INHERITED: std::sync::OnceLock<InheritedMask> = std::sync::OnceLock::new();
 
 /// The mask [`block_caught`] found (empty if it never ran): what every process

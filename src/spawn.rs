@@ -411,7 +411,13 @@ pub fn runnable(program: &str) -> bool {
     if program.contains('/') {
         return executable(std::path::Path::new(program));
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    // With no PATH, each C library's `execvpe` has its own default.
+    let default = if cfg!(target_env = "musl") {
+        "/usr/local/bin:/bin:/usr/bin"
+    } else {
+        "/bin:/usr/bin"
+    };
+    let path = std::env::var_os("PATH").unwrap_or_else(|| default.into());
     std::env::split_paths(&path).any(|dir| executable(&dir.join(program)))
 }
 

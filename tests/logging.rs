@@ -169,3 +169,76 @@ fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
         "{text}"
     );
 }
+
+/// With stderr a socket (journald's stream, `systemd-cat`) every line goes through
+/// the writer thread, and creating a thread makes the C library unblock the signals
+/// it keeps for itself (glibc 32 and 33; musl 33 and 34). drainit blocks them again:
+/// 32 and 33 are still dropped, not fatal, and 34 (glibc's SIGRTMIN) still reaches
+/// the app.
+#[test]
+fn with_a_writer_thread_the_c_librarys_signals_stay_blocked() {
+    let tmp = TmpDir::new("socket-stderr");
+    let mark = tmp.join("marks");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "--probe-addr",
+        "off",
+        "--pre-drain-delay",
+        "0s",
+        "--",
+        python(),
+    ])
+    .arg(fixture("sigapp.py"))
+    .env("MARK", &mark)
+    .env("DRAINIT_TEST_TMP", tmp.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(std::os::fd::OwnedFd::from(theirs));
+    reset_glibc_signals(&mut cmd);
+    let mut drainit = cmd.spawn().unwrap();
+    // The Command holds our copy of the socket's other end: gone, so the reader
+    // sees the end when drainit (and the app) close theirs.
+    drop(cmd);
+    let _guard = Guard(tmp.path().to_path_buf());
+    let pid = drainit.id() as i32;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut &ours, &mut text);
+        text
+    });
+    let marks = || std::fs::read_to_string(&mark).unwrap_or_default();
+    assert!(
+        wait_for(Duration::from_secs(5), || marks()
+            .contains("app: started")
+            .then_some(()))
+        .is_some(),
+        "the app never started"
+    );
+    // The writer thread exists (a socket cannot be written to directly).
+    let threads = wait_for(Duration::from_secs(5), || {
+        let n = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.count();
+        (n > 1).then_some(n)
+    });
+    assert!(threads.is_some(), "no writer thread for a socket stderr");
+    for sig in [32, 33, 34] {
+        assert!(kill(pid, sig), "drainit is gone before signal {sig}");
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || marks()
+            .contains("app: got SIGRTMIN+0")
+            .then_some(()))
+        .is_some(),
+        "34 never reached the app: {}",
+        marks()
+    );
+    assert!(kill(pid, libc::SIGTERM), "drainit died of signal 32 or 33");
+    let status = wait_for(Duration::from_secs(10), || drainit.try_wait().unwrap())
+        .expect("drainit did not exit");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let log = reader.join().unwrap();
+    assert!(
+        log.contains("ignored signal 32") && log.contains("ignored signal 33"),
+        "{log}"
+    );
+}
