@@ -20,32 +20,50 @@ fn pipe_bytes(fd: i32) -> i32 {
     n
 }
 
+/// drainit with `args`, stderr as given, stdin and stdout on /dev/null, the
+/// signal state a container runtime gives (`reset_glibc_signals`). The Command is
+/// dropped at once: it would hold the parent's copy of a socket or pipe end.
+fn start(
+    tmp: &TmpDir,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+    stderr: Stdio,
+) -> std::process::Child {
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .env("DRAINIT_TEST_TMP", tmp.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    reset_glibc_signals(&mut cmd);
+    cmd.spawn().unwrap()
+}
+
 #[test]
 fn a_stderr_nobody_reads_never_freezes_the_drain() {
     let tmp = TmpDir::new("stuck-stderr");
     let probe = free_port();
     let probe_addr = format!("127.0.0.1:{probe}");
-    let mut cmd = Command::new(bin());
-    cmd.args([
-        "--probe-addr",
-        &probe_addr,
-        "--pre-drain-delay",
-        "0s",
-        "--drain-timeout",
-        "1s",
-        "--",
-        "sh",
-        "-c",
-        // More than a pipe holds (64 KiB), from a grandchild that then blocks in
-        // its write; the main child is `sleep`, which TERM ends.
-        "head -c 70000 /dev/zero >&2 & exec sleep 99",
-    ])
-    .env("DRAINIT_TEST_TMP", tmp.path())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    reset_glibc_signals(&mut cmd);
-    let mut drainit = cmd.spawn().unwrap();
+    let mut drainit = start(
+        &tmp,
+        &[
+            "--probe-addr",
+            &probe_addr,
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            // More than a pipe holds (64 KiB), from a grandchild that then blocks
+            // in its write; the main child is `sleep`, which TERM ends.
+            "head -c 70000 /dev/zero >&2 & exec sleep 99",
+        ],
+        &[],
+        Stdio::piped(),
+    );
     // Held open and never read, until the end of the test.
     let stderr = drainit.stderr.take().unwrap();
     let pid = drainit.id() as i32;
@@ -107,8 +125,7 @@ fn fd_flags(pid: i32, fd: i32) -> u32 {
 #[test]
 fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
     let tmp = TmpDir::new("pipe-stderr");
-    let mut cmd = Command::new(bin());
-    cmd.args([
+    let args = [
         "--probe-addr",
         "off",
         "--pre-drain-delay",
@@ -116,13 +133,8 @@ fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
         "--",
         "sleep",
         "30",
-    ])
-    .env("DRAINIT_TEST_TMP", tmp.path())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    reset_glibc_signals(&mut cmd);
-    let mut drainit = cmd.spawn().unwrap();
+    ];
+    let mut drainit = start(&tmp, &args, &[], Stdio::piped());
     let _guard = Guard(tmp.path().to_path_buf());
     let pid = drainit.id() as i32;
     let mut stderr = drainit.stderr.take().unwrap();
@@ -180,26 +192,22 @@ fn with_a_writer_thread_the_c_librarys_signals_stay_blocked() {
     let tmp = TmpDir::new("socket-stderr");
     let mark = tmp.join("marks");
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    let mut cmd = Command::new(bin());
-    cmd.args([
+    let sigapp = fixture("sigapp.py");
+    let args = [
         "--probe-addr",
         "off",
         "--pre-drain-delay",
         "0s",
         "--",
         python(),
-    ])
-    .arg(fixture("sigapp.py"))
-    .env("MARK", &mark)
-    .env("DRAINIT_TEST_TMP", tmp.path())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(std::os::fd::OwnedFd::from(theirs));
-    reset_glibc_signals(&mut cmd);
-    let mut drainit = cmd.spawn().unwrap();
-    // The Command holds our copy of the socket's other end: gone, so the reader
-    // sees the end when drainit (and the app) close theirs.
-    drop(cmd);
+        &sigapp,
+    ];
+    let mut drainit = start(
+        &tmp,
+        &args,
+        &[("MARK", mark.as_path())],
+        Stdio::from(std::os::fd::OwnedFd::from(theirs)),
+    );
     let _guard = Guard(tmp.path().to_path_buf());
     let pid = drainit.id() as i32;
     let reader = std::thread::spawn(move || {
