@@ -268,6 +268,32 @@ fn with_bit(set: SigSet, n: i32) -> SigSet {
 #[derive(Clone, Copy)]
 pub struct InheritedMask(pub(crate) SigSet);
 
+/// `rt_sigprocmask(2)` itself, not the C library's wrapper: glibc's leaves 32 and
+/// 33 out of the set it is given, musl's clears 32–34 in the old mask it returns,
+/// and drainit must block exactly what it catches and give the child back exactly
+/// what it inherited (34 included, glibc's SIGRTMIN). Async-signal-safe (the
+/// spawned child calls it between `clone` and `exec`).
+///
+/// # Errors
+/// The system call failed (it cannot, with a valid `how`).
+#[allow(unsafe_code)]
+pub(crate) fn sigprocmask_raw(
+    how: libc::c_int,
+    set: &libc::sigset_t,
+    old: Option<&mut libc::sigset_t>,
+) -> std::io::Result<()> {
+    let old = old.map_or(std::ptr::null_mut(), |o| o as *mut libc::sigset_t);
+    // SAFETY: the kernel reads one 8-byte sigset (`_NSIG / 8`) from `set` and writes
+    // one to `old` when it is not null; both point to whole sigset_t, longer than
+    // that.
+    let rc = unsafe { libc::syscall(libc::SYS_rt_sigprocmask, how, set, old, 8usize) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Blocks every caught signal in the calling thread (call it first in `main`,
 /// before any thread exists, so every later thread inherits the block).
 ///
@@ -277,49 +303,19 @@ pub struct InheritedMask(pub(crate) SigSet);
 /// `rt_sigprocmask(2)` failed (it cannot, with a valid set).
 #[allow(unsafe_code)]
 pub fn block_caught() -> std::io::Result<InheritedMask> {
-    let set = caught_set();
     let mut old = *SigSet::empty().as_ref();
-    // The system call itself, not the C library's wrapper: musl's clears 32–34 in
-    // the old mask it returns, and the child must get back exactly what drainit
-    // inherited (34 included, glibc's SIGRTMIN).
-    // SAFETY: rt_sigprocmask(2) reads one kernel sigset (8 bytes, `_NSIG / 8`) from
-    // `set` and writes one to `old`; both are sigset_t, at least that long.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_BLOCK,
-            set.as_ref() as *const libc::sigset_t,
-            &mut old as *mut libc::sigset_t,
-            8usize,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    sigprocmask_raw(libc::SIG_BLOCK, caught_set().as_ref(), Some(&mut old))?;
     // SAFETY: a sigset_t the kernel filled in; its bits are signal numbers 1–64.
     let old = unsafe { SigSet::from_sigset_t_unchecked(old) };
     let _ = INHERITED.set(InheritedMask(old));
     Ok(InheritedMask(old))
 }
 
-/// Blocks the caught signals again in the calling thread (the raw system call, as
-/// in [`block_caught`]): after `pthread_create`, which unblocks the signals the C
-/// library keeps for itself in both threads. Errors cannot happen with a valid set
-/// and are ignored.
-#[allow(unsafe_code)]
+/// Blocks the caught signals again in the calling thread: after `pthread_create`,
+/// which unblocks the signals the C library keeps for itself in both threads.
+/// Errors cannot happen with a valid set and are ignored.
 pub fn reblock() {
-    let set = caught_set();
-    let no_old: *mut libc::sigset_t = std::ptr::null_mut();
-    // SAFETY: rt_sigprocmask(2) reads one 8-byte kernel sigset from a valid sigset_t.
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_BLOCK,
-            set.as_ref() as *const libc::sigset_t,
-            no_old,
-            8usize,
-        );
-    }
+    let _ = sigprocmask_raw(libc::SIG_BLOCK, caught_set().as_ref(), None);
 }
 
 static INHERITED: std::sync::OnceLock<InheritedMask> = std::sync::OnceLock::new();

@@ -214,17 +214,7 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
             *a.listen_pid.add(LISTEN_PID.len() + len) = 0;
         }
         // The mask drainit inherited, replacing drainit's own (nearly everything).
-        // The system call itself: the C libraries' wrappers leave out the signals
-        // they keep for themselves (32 and 33; musl also 34).
-        let no_old: *mut libc::sigset_t = std::ptr::null_mut();
-        if libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &a.mask,
-            no_old,
-            8usize,
-        ) != 0
-        {
+        if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
             return fail(a);
         }
         libc::execvpe(a.file, a.argv, a.envp);
