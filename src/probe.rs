@@ -8,17 +8,24 @@
 //! Hardening: one request per connection (the kubelet opens a fresh connection per
 //! probe), a header read timeout (from the accept, whether or not a byte arrived), a
 //! header size cap, a cap on concurrent connections, and each connection in its own
-//! task, so a panic in one is caught by the runtime and goes no further. Past the
-//! cap, the *oldest* connection is closed to make room, not the new one: a probe
-//! sends its request at once and is done in milliseconds, so the oldest connections
-//! are the stalled ones, and a flood of slow clients can never lock the kubelet out
-//! (closing new connections instead would fail every probe until the header read
-//! timeout freed a slot).
+//! task, so a panic in one is caught by the runtime and goes no further.
+//!
+//! The cap sheds only connections that are still sending their request head
+//! (slowloris, idle, half-open): past the cap the *oldest such* connection is
+//! closed to make room for the new one. A connection whose request head was read
+//! in full is being answered (a `/readyz` may wait up to its check timeout) and is
+//! never shed: the kubelet would see a reset instead of its answer. A probe sends
+//! its request at once and is done in milliseconds, so the oldest head-reading
+//! connections are the stalled ones, and a flood of slow or idle clients can never
+//! lock a probe out (closing new connections instead would fail every probe until
+//! the header read timeout freed a slot). Only when every connection at the cap is
+//! being answered is the new one closed; those finish within the largest check
+//! timeout.
 //!
 //! Never a redirect (the kubelet counts 3xx as success); bodies are small JSON
 //! (the kubelet reads at most 10 KiB) with `Cache-Control: no-store`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,7 +46,8 @@ use crate::drain::Phase;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one connection may live at most, whatever it does.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
-/// Concurrent connections served; past it the oldest is closed to make room.
+/// Concurrent connections served; past it the oldest connection still sending its
+/// request head is closed to make room.
 pub const MAX_CONNECTIONS: usize = 512;
 /// Request buffer (headers included), bytes; a longer head gets 431.
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
@@ -103,7 +111,7 @@ pub async fn serve(
         }
     };
     // Live connections by accept order: the first entry is the oldest.
-    let open: Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>> = Rc::default();
+    let open: Rc<RefCell<BTreeMap<u64, Open>>> = Rc::default();
     let cap = connection_cap();
     let mut next_id = 0u64;
     loop {
@@ -116,21 +124,29 @@ pub async fn serve(
                 continue;
             }
         };
-        if open.borrow().len() >= cap
-            && let Some((_, oldest)) = open.borrow_mut().pop_first()
-        {
-            log::debug!("probe connections at the cap of {cap}: closing the oldest");
-            oldest.abort();
+        if open.borrow().len() >= cap && !shed_one(&open) {
+            // Every connection at the cap is being answered: they end within the
+            // largest check timeout; this one is closed unanswered.
+            log::debug!(
+                "probe connections at the cap of {cap}, all being answered: closing the new one"
+            );
+            drop(stream);
+            continue;
         }
         let _ = stream.set_nodelay(true);
         let id = next_id;
         next_id += 1;
         let guard = OpenGuard(open.clone(), id);
+        let answering = Rc::new(Cell::new(false));
         let state = state.clone();
         let checks = checks.clone();
+        let flag = answering.clone();
         let task = tokio::task::spawn_local(async move {
             let _guard = guard;
             let svc = hyper::service::service_fn(move |req| {
+                // The request head was read in full: from now on this connection
+                // is answered, never shed by the cap.
+                flag.set(true);
                 let state = state.clone();
                 let checks = checks.clone();
                 async move { Ok::<_, Infallible>(answer(&req, &state, &checks).await) }
@@ -145,12 +161,42 @@ pub async fn serve(
         });
         // The task has not run yet (same thread), so its guard cannot have removed
         // this entry before it is inserted.
-        open.borrow_mut().insert(id, task.abort_handle());
+        open.borrow_mut().insert(
+            id,
+            Open {
+                task: task.abort_handle(),
+                answering,
+            },
+        );
     }
 }
 
-/// Removes its connection from the live set when the connection's task ends,
-/// finished, aborted or panicked.
+/// A live probe connection: its task, and whether its request head was read.
+struct Open {
+    task: tokio::task::AbortHandle,
+    answering: Rc<Cell<bool>>,
+}
+
+/// Closes the oldest connection that is still sending its request head. Returns
+/// `false` when every live connection is being answered (nothing was shed).
+fn shed_one(open: &RefCell<BTreeMap<u64, Open>>) -> bool {
+    let mut open = open.borrow_mut();
+    let Some(id) = open
+        .iter()
+        .find(|(_, c)| !c.answering.get())
+        .map(|(id, _)| *id)
+    else {
+        return false;
+    };
+    if let Some(c) = open.remove(&id) {
+        log::debug!(
+            "probe connections at the cap: closing the oldest one still sending its request"
+        );
+        c.task.abort();
+    }
+    true
+}
+
 /// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`: probe connections
 /// may take at most half of the descriptors left after a reserve of 32, so that
 /// reading `/proc`, the notify socket and teardown steps never run out of fds
@@ -163,7 +209,9 @@ pub fn connection_cap() -> usize {
     budget.clamp(1, MAX_CONNECTIONS)
 }
 
-struct OpenGuard(Rc<RefCell<BTreeMap<u64, tokio::task::AbortHandle>>>, u64);
+/// Removes its connection from the live set when the connection's task ends,
+/// finished, aborted or panicked.
+struct OpenGuard(Rc<RefCell<BTreeMap<u64, Open>>>, u64);
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         // try_borrow_mut: never panic inside a drop that may run during unwinding.

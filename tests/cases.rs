@@ -649,6 +649,107 @@ fn b29_stop_signal_rewritten() {
     assert_eq!(text(&r.report(), "signal"), "SIGTERM");
 }
 
+/// B32: probes answer while the app is wedged and the probe port is under slow
+/// clients; past the connection cap, a `/readyz` being answered is never the
+/// connection closed. Also with `RLIMIT_NOFILE` 64 (a cap of 16 connections).
+#[test]
+fn b32_probes_answer_while_the_app_is_wedged_under_slow_clients() {
+    for nofile in [None, Some("64")] {
+        let (port, probe) = (free_port(), free_port());
+        let server = vec![python().to_string(), fixture("server.py"), port.to_string()];
+        let p = format!("127.0.0.1:{probe}");
+        let url = format!("http://127.0.0.1:{port}/");
+        let launch: Vec<&str> = nofile.map(|n| vec!["--nofile", n]).unwrap_or_default();
+        let flags = [
+            "--probe-addr",
+            &p,
+            "--ready-http",
+            &url,
+            "--check-timeout",
+            "500ms",
+            "--pre-drain-delay",
+            "500ms",
+            "--drain-timeout",
+            "3s",
+        ];
+        let mut r = Running::start_with(Start {
+            mode: Mode::Pid1,
+            launch: &launch,
+            args: &cmd(&flags, &server),
+            env: &[],
+        });
+        wait_for(secs(10), || {
+            (get(probe, "/readyz", "GET").0 == 200).then_some(())
+        })
+        .expect("ready once the app listens");
+        let app = r.child_running("python3");
+        assert!(kill(app, libc::SIGSTOP));
+        let slow = |n: usize| -> Vec<TcpStream> {
+            (0..n)
+                .filter_map(|_| {
+                    let mut s = TcpStream::connect(("127.0.0.1", probe)).ok()?;
+                    std::io::Write::write_all(
+                        &mut s,
+                        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+                    )
+                    .ok()?;
+                    Some(s)
+                })
+                .collect()
+        };
+        let healthz = |part: &str| {
+            for i in 0..10 {
+                let t = Instant::now();
+                let (st, _, body) = get(probe, "/healthz", "GET");
+                assert!(
+                    st == 200 && t.elapsed() < secs(1),
+                    "({part}, limit {nofile:?}) /healthz {i} answered {st} {body} in {:?}",
+                    t.elapsed()
+                );
+            }
+        };
+        let degraded = |part: &str, (st, _, body): (u16, String, String), took: Duration| {
+            let b: Value = serde_json::from_str(&body).unwrap_or_default();
+            assert!(
+                st == 503 && b["status"] == "degraded" && took < Duration::from_millis(1500),
+                "({part}, limit {nofile:?}) /readyz answered {st} {body} in {took:?}"
+            );
+            assert!(body.contains("timed out"), "({part}) {body}");
+        };
+        let _held = slow(200);
+        healthz("a, 200 slow connections");
+        let t = Instant::now();
+        degraded("a", get(probe, "/readyz", "GET"), t.elapsed());
+        let pending = std::thread::spawn(move || {
+            let t = Instant::now();
+            let got = get(probe, "/readyz", "GET");
+            (got, t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let _burst = slow(600);
+        let (got, took) = pending.join().unwrap();
+        degraded(
+            "b, a burst of 600 slow connections during the probe",
+            got,
+            took,
+        );
+        healthz("b, after the burst");
+        r.signal(libc::SIGTERM);
+        wait_for(secs(1), || {
+            (get(probe, "/readyz", "GET").2 == r#"{"status":"draining"}"#).then_some(())
+        })
+        .expect("/readyz 503 draining within 1 s of SIGTERM");
+        assert!(kill(app, libc::SIGCONT));
+        let (rc, elapsed) = r.wait(secs(6));
+        assert_eq!(rc, 0, "{}", r.stderr_text());
+        assert!(
+            elapsed < 3000,
+            "exit {elapsed} ms after SIGTERM: open probe connections held it up"
+        );
+        assert_eq!(text(&r.report(), "reason"), "drained");
+    }
+}
+
 /// The original case scripts, when `../shared/cases` is beside the checkout.
 #[test]
 fn shared_cases_pass() {
