@@ -1,0 +1,23 @@
+#!/bin/sh
+# The project's test command (README "Testing"; `.ci/run` runs it on a clean clone).
+#   1. formatting and lints: `cargo fmt --check`, `cargo clippy --all-targets -D warnings`;
+#   2. the static musl release binary, the one that ships (the Rust target is
+#      installed with rustup when missing);
+#   3. `cargo test` with DRAINIT_BIN set to that binary: unit and component tests run
+#      on this build's library, every black-box test (tests/*.rs starting the binary,
+#      ../shared/cases included) runs the shipped static binary.
+# Needs root (PID namespaces), Python 3, gcc, unshare, setsid, script.
+set -eu
+cd "$(dirname "$0")/.."
+TARGET=x86_64-unknown-linux-musl
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+
+if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+  rustup target add "$TARGET"
+fi
+cargo build --release --target "$TARGET"
+BIN="$PWD/target/$TARGET/release/drainit"
+
+DRAINIT_BIN="$BIN" cargo test
