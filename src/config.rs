@@ -61,7 +61,7 @@ pub struct Cli {
     /// Probe server address (/healthz, /readyz), or `off` [default: 0.0.0.0:8079]
     #[arg(long, env = "DRAINIT_PROBE_ADDR", value_name = "ADDR")]
     pub probe_addr: Option<String>,
-    /// Beat 2: keep serving this long after the drain signal [default: 5s]
+    /// Beat 2: keep serving this long after the drain signal [default: 5s in Kubernetes or once /readyz was asked, else 0]
     #[arg(long, env = "DRAINIT_PRE_DRAIN_DELAY", value_name = "DUR")]
     pub pre_drain_delay: Option<String>,
     /// Beat 3: how long descendants get after the forward before SIGKILL [default: 20s]
@@ -188,12 +188,28 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether the pre-drain delay applies at T0 (DESIGN §2): the delay exists for
+/// load balancers and endpoints that route by drainit's readiness; when nothing
+/// does, waiting only slows `docker stop` and shell tests down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayRule {
+    /// Given by flag, environment or file: applies (when readiness passed).
+    Explicit,
+    /// The default, in Kubernetes (`KUBERNETES_SERVICE_HOST` set): applies.
+    Kubernetes,
+    /// The default, outside Kubernetes: applies only when a client asked `/readyz`
+    /// before T0; otherwise the delay is 0.
+    WhenRouted,
+}
+
 /// The validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub probe_addr: ProbeAddr,
-    /// Beat 2, from T0.
+    /// Beat 2, from T0: the delay when it applies (see `pre_drain_delay_rule`).
     pub pre_drain_delay: Duration,
+    /// Whether `pre_drain_delay` applies at T0 or is 0.
+    pub pre_drain_delay_rule: DelayRule,
     /// Beat 3.
     pub drain_timeout: Duration,
     /// The platform's grace period (for the budget only).
@@ -763,7 +779,19 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             }
         }
     };
-    let pre_drain_delay = match (&cli.pre_drain_delay, ms_env("PRE_DRAIN_DELAY_MS")?) {
+    let delay_ms = ms_env("PRE_DRAIN_DELAY_MS")?;
+    let pre_drain_delay_rule =
+        if cli.pre_drain_delay.is_some() || delay_ms.is_some() || file.pre_drain_delay.is_some() {
+            DelayRule::Explicit
+        } else if env
+            .get("KUBERNETES_SERVICE_HOST")
+            .is_some_and(|v| !v.trim().is_empty())
+        {
+            DelayRule::Kubernetes
+        } else {
+            DelayRule::WhenRouted
+        };
+    let pre_drain_delay = match (&cli.pre_drain_delay, delay_ms) {
         (None, Some(d)) => d,
         _ => r.scalar(
             "pre_drain_delay",
@@ -1107,6 +1135,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     let config = Config {
         probe_addr,
         pre_drain_delay,
+        pre_drain_delay_rule,
         drain_timeout,
         grace_period,
         strict_budget,
@@ -1229,7 +1258,17 @@ impl Config {
         };
         let q = |v: &str| format!("{v:?}");
         let _ = writeln!(s, "probe_addr = {}", q(&probe));
-        let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
+        if self.pre_drain_delay_rule == DelayRule::Explicit {
+            let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
+        } else {
+            // Commented out: this text read back as a file would make it explicit.
+            let _ = writeln!(
+                s,
+                "# pre_drain_delay = {}: {}",
+                q(&fmt_dur(self.pre_drain_delay)),
+                self.pre_drain_delay_note()
+            );
+        }
         let _ = writeln!(s, "drain_timeout = {}", q(&fmt_dur(self.drain_timeout)));
         let _ = writeln!(s, "grace_period = {}", q(&fmt_dur(self.grace_period)));
         let _ = writeln!(s, "strict_budget = {}", self.strict_budget);
@@ -1309,6 +1348,21 @@ impl Config {
         let _ = writeln!(s, "\n# grace budget: {}", self.budget());
         s
     }
+
+    /// Which pre-drain delay applies and why, for the budget line at start and
+    /// `--check-config`: `pre-drain delay as configured`, or the default's rule.
+    pub fn pre_drain_delay_note(&self) -> &'static str {
+        match self.pre_drain_delay_rule {
+            DelayRule::Explicit => "pre-drain delay as configured",
+            DelayRule::Kubernetes => {
+                "default pre-drain delay: applies, in Kubernetes (KUBERNETES_SERVICE_HOST is set)"
+            }
+            DelayRule::WhenRouted => {
+                "default pre-drain delay: 0s unless a client asks /readyz before the drain signal \
+                 (not in Kubernetes: KUBERNETES_SERVICE_HOST is unset); the budget counts it in full"
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1356,6 +1410,26 @@ mod tests {
         assert_eq!(c.forward_to, ForwardTo::Child);
         assert_eq!(c.command, vec![OsString::from("true")]);
         assert!(c.budget().fits());
+    }
+
+    #[test]
+    fn the_default_delay_applies_in_kubernetes_or_when_routed_and_an_explicit_one_always() {
+        let c = load(&["true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::WhenRouted);
+        assert!(c.render().contains("# pre_drain_delay = \"5s\": default"));
+        let c = load(&["true"], &[("KUBERNETES_SERVICE_HOST", "10.0.0.1")]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Kubernetes);
+        assert_eq!(c.pre_drain_delay, Duration::from_secs(5));
+        // (DRAINIT_PRE_DRAIN_DELAY is read by clap, like the flag: tests/defaults.rs.)
+        let c = load(&["true"], &[("PRE_DRAIN_DELAY_MS", "0")]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
+        assert_eq!(c.pre_drain_delay, Duration::ZERO);
+        let c = load(&["--pre-drain-delay", "5s", "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
+        assert!(c.render().contains("\npre_drain_delay = \"5s\"\n"));
+        let p = write_file("delay", "pre_drain_delay = \"1s\"\n");
+        let c = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
     }
 
     #[test]

@@ -150,11 +150,12 @@ fn run(args: Vec<OsString>) -> i32 {
         return 0;
     }
     let budget = cfg.budget();
+    let delay_note = cfg.pre_drain_delay_note();
     if budget.fits() {
-        log::info!("grace budget: {budget}");
+        log::info!("grace budget: {budget}; {delay_note}");
     } else {
         log::warn!(
-            "grace budget: {budget}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
+            "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
         );
     }
 
