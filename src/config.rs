@@ -115,6 +115,9 @@ pub struct Cli {
     /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
     #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
     pub report_file: Option<String>,
+    /// Run the command as USER[:GROUP] (names from the image's /etc/passwd and /etc/group, or numbers); drainit itself keeps its own ids
+    #[arg(long, env = "DRAINIT_USER", value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
     /// TOML configuration file (keys as the flags, snake_case)
     #[arg(long, env = "DRAINIT_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -225,6 +228,8 @@ pub struct Config {
     pub ready_interval: Duration,
     pub teardown: Vec<TeardownStep>,
     pub report_file: Option<PathBuf>,
+    /// `--user`: whom the child runs as; `None`: as drainit.
+    pub user: Option<crate::user::Identity>,
     pub check_config: bool,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
@@ -272,6 +277,7 @@ struct FileConfig {
     ready_interval: Option<toml::Spanned<String>>,
     teardown_timeout: Option<toml::Spanned<String>>,
     report_file: Option<toml::Spanned<String>>,
+    user: Option<toml::Spanned<String>>,
     log_format: Option<toml::Spanned<String>>,
     log_level: Option<toml::Spanned<String>>,
     /// Spanned, so that an error about a whole entry has a line and column.
@@ -645,6 +651,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "teardown" => "teardown",
         "teardown_timeout" => "teardown-timeout",
         "report_file" => "report-file",
+        "user" => "user",
         "log_format" => "log-format",
         "log_level" => "log-level",
         _ => id,
@@ -916,6 +923,18 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         (None, None) => None,
     };
 
+    let user = match (&cli.user, &file.user) {
+        (Some(v), _) => {
+            let origin = match m.value_source("user") {
+                Some(ValueSource::EnvVariable) => Origin::Env(env_name("user")),
+                _ => Origin::Flag(flag_name("user")),
+            };
+            Some(resolve_user(v, &origin)?)
+        }
+        (None, Some(v)) => Some(resolve_user(v.get_ref(), &r.file_origin("user", v.span()))?),
+        (None, None) => None,
+    };
+
     // Lists: the command line or DRAINIT_* replaces the file's list.
     let drain_signal = |v: &str| -> Result<Signal, String> {
         let sig = Signal::parse(v, false)?;
@@ -1148,6 +1167,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         ready_interval,
         teardown,
         report_file,
+        user,
         check_config: cli.check_config,
         log_format,
         log_level,
@@ -1160,6 +1180,33 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         )));
     }
     Ok(config)
+}
+
+/// `--user` against the image's `/etc` (see [`crate::user`]). A malformed value is
+/// a usage error from the command line; a name the image does not know, or a
+/// drainit that is not root, is a fact of the system: 78 wherever it came from.
+fn resolve_user(v: &str, origin: &Origin<'_>) -> Result<crate::user::Identity, ConfigError> {
+    use crate::user::{UserError, resolve};
+    let as_config = |msg: String| ConfigError {
+        code: EXIT_CONFIG,
+        message: origin.error(&msg).message,
+    };
+    let id = resolve(
+        v.trim(),
+        std::path::Path::new("/etc"),
+        nix::unistd::getgid().as_raw(),
+    )
+    .map_err(|e| match e {
+        UserError::Syntax(m) => origin.error(&m),
+        UserError::Unknown(m) => as_config(m),
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    if me != 0 {
+        return Err(as_config(format!(
+            "switching the child to '{v}' needs drainit to run as root (it runs as uid {me})"
+        )));
+    }
+    Ok(id)
 }
 
 fn step_name(argv: &[String]) -> String {
@@ -1305,6 +1352,18 @@ impl Config {
         let _ = writeln!(s, "ready_interval = {}", q(&fmt_dur(self.ready_interval)));
         if let Some(p) = &self.report_file {
             let _ = writeln!(s, "report_file = {}", q(&p.display().to_string()));
+        }
+        if let Some(u) = &self.user {
+            let groups: Vec<String> = u.groups.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                s,
+                "user = {}  # uid {}, gid {}, groups {}, HOME={}",
+                q(&u.spec),
+                u.uid,
+                u.gid,
+                groups.join(","),
+                u.home
+            );
         }
         let _ = writeln!(
             s,

@@ -80,3 +80,4 @@ pub mod report;
 pub mod signals;
 pub mod spawn;
 pub mod supervisor;
+pub mod user;
