@@ -37,6 +37,7 @@ Examples:
   drainit --pre-drain-delay 10s --drain-timeout 30s --grace-period 45s -- node server.js
   drainit --rewrite TERM:QUIT -- nginx -g 'daemon off;'
   drainit --probe-addr off --teardown 'sh -c \"flush-logs\"' -- ./batch-job
+  drainit --user app:app --ready-tcp 127.0.0.1:8080 -- ./server
   drainit --check-config --config /etc/drainit.toml -- true
 
 Every flag is also read from DRAINIT_<FLAG> (e.g. DRAINIT_PRE_DRAIN_DELAY=3s);
