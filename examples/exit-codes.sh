@@ -145,5 +145,22 @@ fi
 finish
 check 2 "child ignores SIGTERM, --drain-timeout 500ms"
 
+# 7. No pre-drain delay given, outside Kubernetes, nobody asked /readyz: the
+#    default delay is 0, so `docker stop` or a test script does not wait 5 s.
+#    (KUBERNETES_SERVICE_HOST empty counts as unset.)
+start env KUBERNETES_SERVICE_HOST= "$DRAINIT" --probe-addr off --drain-timeout 5s -- \
+    sh -c 'touch "$1"; exec sleep 60' sh "$tmp/started-default"
+t0=$(date +%s)
+if wait_for_file "$tmp/started-default"; then
+    t0=$(date +%s)
+    kill -TERM "$pid"
+fi
+finish
+elapsed=$(($(date +%s) - t0))
+if [ "$code" = 0 ] && [ "$elapsed" -gt 2 ]; then
+    code="0 after ${elapsed}s"
+fi
+check 0 "default pre-drain delay is 0 where nothing routes by /readyz"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -37,6 +37,7 @@ Examples:
   drainit --pre-drain-delay 10s --drain-timeout 30s --grace-period 45s -- node server.js
   drainit --rewrite TERM:QUIT -- nginx -g 'daemon off;'
   drainit --probe-addr off --teardown 'sh -c \"flush-logs\"' -- ./batch-job
+  drainit --user app:app --ready-tcp 127.0.0.1:8080 -- ./server
   drainit --check-config --config /etc/drainit.toml -- true
 
 Every flag is also read from DRAINIT_<FLAG> (e.g. DRAINIT_PRE_DRAIN_DELAY=3s);
@@ -61,7 +62,7 @@ pub struct Cli {
     /// Probe server address (/healthz, /readyz), or `off` [default: 0.0.0.0:8079]
     #[arg(long, env = "DRAINIT_PROBE_ADDR", value_name = "ADDR")]
     pub probe_addr: Option<String>,
-    /// Beat 2: keep serving this long after the drain signal [default: 5s]
+    /// Beat 2: keep serving this long after the drain signal [default: 5s in Kubernetes or once /readyz was asked, else 0]
     #[arg(long, env = "DRAINIT_PRE_DRAIN_DELAY", value_name = "DUR")]
     pub pre_drain_delay: Option<String>,
     /// Beat 3: how long descendants get after the forward before SIGKILL [default: 20s]
@@ -115,6 +116,9 @@ pub struct Cli {
     /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
     #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
     pub report_file: Option<String>,
+    /// Run the command as USER[:GROUP] (names from the image's /etc/passwd and /etc/group, or numbers); drainit itself keeps its own ids
+    #[arg(long, env = "DRAINIT_USER", value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
     /// TOML configuration file (keys as the flags, snake_case)
     #[arg(long, env = "DRAINIT_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -188,12 +192,28 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether the pre-drain delay applies at T0 (DESIGN §2): the delay exists for
+/// load balancers and endpoints that route by drainit's readiness; when nothing
+/// does, waiting only slows `docker stop` and shell tests down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayRule {
+    /// Given by flag, environment or file: applies (when readiness passed).
+    Explicit,
+    /// The default, in Kubernetes (`KUBERNETES_SERVICE_HOST` set): applies.
+    Kubernetes,
+    /// The default, outside Kubernetes: applies only when a client asked `/readyz`
+    /// before T0; otherwise the delay is 0.
+    WhenRouted,
+}
+
 /// The validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub probe_addr: ProbeAddr,
-    /// Beat 2, from T0.
+    /// Beat 2, from T0: the delay when it applies (see `pre_drain_delay_rule`).
     pub pre_drain_delay: Duration,
+    /// Whether `pre_drain_delay` applies at T0 or is 0.
+    pub pre_drain_delay_rule: DelayRule,
     /// Beat 3.
     pub drain_timeout: Duration,
     /// The platform's grace period (for the budget only).
@@ -209,6 +229,8 @@ pub struct Config {
     pub ready_interval: Duration,
     pub teardown: Vec<TeardownStep>,
     pub report_file: Option<PathBuf>,
+    /// `--user`: whom the child runs as; `None`: as drainit.
+    pub user: Option<crate::user::Identity>,
     pub check_config: bool,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
@@ -256,6 +278,7 @@ struct FileConfig {
     ready_interval: Option<toml::Spanned<String>>,
     teardown_timeout: Option<toml::Spanned<String>>,
     report_file: Option<toml::Spanned<String>>,
+    user: Option<toml::Spanned<String>>,
     log_format: Option<toml::Spanned<String>>,
     log_level: Option<toml::Spanned<String>>,
     /// Spanned, so that an error about a whole entry has a line and column.
@@ -629,6 +652,7 @@ fn flag_name(id: &'static str) -> &'static str {
         "teardown" => "teardown",
         "teardown_timeout" => "teardown-timeout",
         "report_file" => "report-file",
+        "user" => "user",
         "log_format" => "log-format",
         "log_level" => "log-level",
         _ => id,
@@ -763,7 +787,19 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             }
         }
     };
-    let pre_drain_delay = match (&cli.pre_drain_delay, ms_env("PRE_DRAIN_DELAY_MS")?) {
+    let delay_ms = ms_env("PRE_DRAIN_DELAY_MS")?;
+    let pre_drain_delay_rule =
+        if cli.pre_drain_delay.is_some() || delay_ms.is_some() || file.pre_drain_delay.is_some() {
+            DelayRule::Explicit
+        } else if env
+            .get("KUBERNETES_SERVICE_HOST")
+            .is_some_and(|v| !v.trim().is_empty())
+        {
+            DelayRule::Kubernetes
+        } else {
+            DelayRule::WhenRouted
+        };
+    let pre_drain_delay = match (&cli.pre_drain_delay, delay_ms) {
         (None, Some(d)) => d,
         _ => r.scalar(
             "pre_drain_delay",
@@ -885,6 +921,18 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         (None, Some(v)) => check_report_file(v.get_ref())
             .map_err(|e| r.file_origin("report_file", v.span()).error(&e))?,
+        (None, None) => None,
+    };
+
+    let user = match (&cli.user, &file.user) {
+        (Some(v), _) => {
+            let origin = match m.value_source("user") {
+                Some(ValueSource::EnvVariable) => Origin::Env(env_name("user")),
+                _ => Origin::Flag(flag_name("user")),
+            };
+            Some(resolve_user(v, &origin)?)
+        }
+        (None, Some(v)) => Some(resolve_user(v.get_ref(), &r.file_origin("user", v.span()))?),
         (None, None) => None,
     };
 
@@ -1107,6 +1155,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
     let config = Config {
         probe_addr,
         pre_drain_delay,
+        pre_drain_delay_rule,
         drain_timeout,
         grace_period,
         strict_budget,
@@ -1119,6 +1168,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         ready_interval,
         teardown,
         report_file,
+        user,
         check_config: cli.check_config,
         log_format,
         log_level,
@@ -1131,6 +1181,33 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         )));
     }
     Ok(config)
+}
+
+/// `--user` against the image's `/etc` (see [`crate::user`]). A malformed value is
+/// a usage error from the command line; a name the image does not know, or a
+/// drainit that is not root, is a fact of the system: 78 wherever it came from.
+fn resolve_user(v: &str, origin: &Origin<'_>) -> Result<crate::user::Identity, ConfigError> {
+    use crate::user::{UserError, resolve};
+    let as_config = |msg: String| ConfigError {
+        code: EXIT_CONFIG,
+        message: origin.error(&msg).message,
+    };
+    let id = resolve(
+        v.trim(),
+        std::path::Path::new("/etc"),
+        nix::unistd::getgid().as_raw(),
+    )
+    .map_err(|e| match e {
+        UserError::Syntax(m) => origin.error(&m),
+        UserError::Unknown(m) => as_config(m),
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    if me != 0 {
+        return Err(as_config(format!(
+            "switching the child to '{v}' needs drainit to run as root (it runs as uid {me})"
+        )));
+    }
+    Ok(id)
 }
 
 fn step_name(argv: &[String]) -> String {
@@ -1229,7 +1306,17 @@ impl Config {
         };
         let q = |v: &str| format!("{v:?}");
         let _ = writeln!(s, "probe_addr = {}", q(&probe));
-        let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
+        if self.pre_drain_delay_rule == DelayRule::Explicit {
+            let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
+        } else {
+            // Commented out: this text read back as a file would make it explicit.
+            let _ = writeln!(
+                s,
+                "# pre_drain_delay = {}: {}",
+                q(&fmt_dur(self.pre_drain_delay)),
+                self.pre_drain_delay_note()
+            );
+        }
         let _ = writeln!(s, "drain_timeout = {}", q(&fmt_dur(self.drain_timeout)));
         let _ = writeln!(s, "grace_period = {}", q(&fmt_dur(self.grace_period)));
         let _ = writeln!(s, "strict_budget = {}", self.strict_budget);
@@ -1266,6 +1353,18 @@ impl Config {
         let _ = writeln!(s, "ready_interval = {}", q(&fmt_dur(self.ready_interval)));
         if let Some(p) = &self.report_file {
             let _ = writeln!(s, "report_file = {}", q(&p.display().to_string()));
+        }
+        if let Some(u) = &self.user {
+            let groups: Vec<String> = u.groups.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                s,
+                "user = {}  # uid {}, gid {}, groups {}, HOME={}",
+                q(&u.spec),
+                u.uid,
+                u.gid,
+                groups.join(","),
+                u.home
+            );
         }
         let _ = writeln!(
             s,
@@ -1308,6 +1407,21 @@ impl Config {
         }
         let _ = writeln!(s, "\n# grace budget: {}", self.budget());
         s
+    }
+
+    /// Which pre-drain delay applies and why, for the budget line at start and
+    /// `--check-config`: `pre-drain delay as configured`, or the default's rule.
+    pub fn pre_drain_delay_note(&self) -> &'static str {
+        match self.pre_drain_delay_rule {
+            DelayRule::Explicit => "pre-drain delay as configured",
+            DelayRule::Kubernetes => {
+                "default pre-drain delay: applies, in Kubernetes (KUBERNETES_SERVICE_HOST is set)"
+            }
+            DelayRule::WhenRouted => {
+                "default pre-drain delay: 0s unless a client asks /readyz before the drain signal \
+                 (not in Kubernetes: KUBERNETES_SERVICE_HOST is unset); the budget counts it in full"
+            }
+        }
     }
 }
 
@@ -1356,6 +1470,26 @@ mod tests {
         assert_eq!(c.forward_to, ForwardTo::Child);
         assert_eq!(c.command, vec![OsString::from("true")]);
         assert!(c.budget().fits());
+    }
+
+    #[test]
+    fn the_default_delay_applies_in_kubernetes_or_when_routed_and_an_explicit_one_always() {
+        let c = load(&["true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::WhenRouted);
+        assert!(c.render().contains("# pre_drain_delay = \"5s\": default"));
+        let c = load(&["true"], &[("KUBERNETES_SERVICE_HOST", "10.0.0.1")]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Kubernetes);
+        assert_eq!(c.pre_drain_delay, Duration::from_secs(5));
+        // (DRAINIT_PRE_DRAIN_DELAY is read by clap, like the flag: tests/defaults.rs.)
+        let c = load(&["true"], &[("PRE_DRAIN_DELAY_MS", "0")]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
+        assert_eq!(c.pre_drain_delay, Duration::ZERO);
+        let c = load(&["--pre-drain-delay", "5s", "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
+        assert!(c.render().contains("\npre_drain_delay = \"5s\"\n"));
+        let p = write_file("delay", "pre_drain_delay = \"1s\"\n");
+        let c = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap();
+        assert_eq!(c.pre_drain_delay_rule, DelayRule::Explicit);
     }
 
     #[test]

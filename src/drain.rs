@@ -84,8 +84,12 @@ pub enum SecondSignal {
 /// The durations and signal rules the machine runs with.
 #[derive(Clone, Debug)]
 pub struct Policy {
-    /// Beat 2, charged from T0. Skipped when readiness never passed.
+    /// Beat 2, charged from T0. Skipped when readiness never passed, and with
+    /// `delay_needs_routing` when no [`Event::Routed`] came before T0.
     pub pre_drain_delay: Duration,
+    /// The delay is the default outside Kubernetes (DESIGN §2): it applies only
+    /// when something routes by drainit's readiness.
+    pub delay_needs_routing: bool,
     /// Beat 3: the deadline is T0 + pre-drain delay + drain timeout. With no drain
     /// signal, the leftover descendants get this much time from the child's exit.
     pub drain_timeout: Duration,
@@ -105,6 +109,8 @@ pub enum Event {
     Signal(Signal),
     /// Every readiness check passed (once).
     ReadinessPassed,
+    /// Something routes by drainit's readiness: a client has asked `/readyz`.
+    Routed,
     /// The main child was reaped.
     ChildExited(ChildExit),
     /// The main child is gone and no descendant is left.
@@ -181,6 +187,19 @@ pub enum StepEnd {
     Skipped,
 }
 
+/// Why the pre-drain delay at T0 is what it is, for the T0 log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayWhy {
+    /// Readiness never passed: nothing was routed to the app; skipped.
+    NeverReady,
+    /// The configured (or Kubernetes default) delay applies.
+    Applies,
+    /// The default applies: a client asked `/readyz`.
+    Routed,
+    /// The default is 0: outside Kubernetes and no client asked `/readyz`.
+    NotRouted,
+}
+
 /// The drain's timeline, for the report. All instants are virtual ([`At`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timeline {
@@ -224,6 +243,8 @@ pub struct Drain {
     phase: Phase,
     wait: Wait,
     ever_ready: bool,
+    routed: bool,
+    delay_why: Option<DelayWhy>,
     drain_signal: Option<Signal>,
     second_used: bool,
     child_exit: Option<ChildExit>,
@@ -241,6 +262,8 @@ impl Drain {
             phase: Phase::Starting,
             wait: Wait::None,
             ever_ready: false,
+            routed: false,
+            delay_why: None,
             drain_signal: None,
             second_used: false,
             child_exit: None,
@@ -266,6 +289,12 @@ impl Drain {
 
     pub fn timeline(&self) -> Timeline {
         self.timeline
+    }
+
+    /// Why the pre-drain delay is what it is; `None` before T0 (and with no drain
+    /// signal).
+    pub fn delay_why(&self) -> Option<DelayWhy> {
+        self.delay_why
     }
 
     /// How each teardown step ended, in order (steps not reached are absent).
@@ -324,6 +353,7 @@ impl Drain {
                     self.phase = Phase::Ready;
                 }
             }
+            Event::Routed => self.routed = true,
             Event::ChildExited(exit) => self.on_child_exit(now, exit, &mut out),
             Event::DescendantsGone => {
                 self.gone = true;
@@ -374,10 +404,19 @@ impl Drain {
                 self.drain_signal = Some(s);
                 self.phase = Phase::Draining;
                 self.timeline.t0 = Some(now);
-                self.timeline.pre_drain_delay = if self.ever_ready {
-                    self.policy.pre_drain_delay
+                let why = if !self.ever_ready {
+                    DelayWhy::NeverReady
+                } else if !self.policy.delay_needs_routing {
+                    DelayWhy::Applies
+                } else if self.routed {
+                    DelayWhy::Routed
                 } else {
-                    Duration::ZERO
+                    DelayWhy::NotRouted
+                };
+                self.delay_why = Some(why);
+                self.timeline.pre_drain_delay = match why {
+                    DelayWhy::Applies | DelayWhy::Routed => self.policy.pre_drain_delay,
+                    DelayWhy::NeverReady | DelayWhy::NotRouted => Duration::ZERO,
                 };
                 self.timeline.deadline =
                     Some(now + self.timeline.pre_drain_delay + self.policy.drain_timeout);
@@ -596,6 +635,7 @@ mod tests {
     fn policy() -> Policy {
         Policy {
             pre_drain_delay: ms(5000),
+            delay_needs_routing: false,
             drain_timeout: ms(20000),
             teardown_timeouts: vec![],
             drain_signals: vec![Signal::TERM, Signal::INT, Signal::QUIT],
@@ -667,6 +707,31 @@ mod tests {
                 Some(ms(26000))
             )
         );
+    }
+
+    #[test]
+    fn the_default_delay_outside_kubernetes_applies_only_once_routed() {
+        let p = Policy {
+            delay_needs_routing: true,
+            ..policy()
+        };
+        let mut d = ready(p.clone());
+        assert_eq!(
+            d.handle(ms(100), TERM),
+            vec![Action::SampleInFlight, Action::ForwardDrain(Signal::TERM)]
+        );
+        assert_eq!(d.timeline().pre_drain_delay, Duration::ZERO);
+        assert_eq!(d.delay_why(), Some(DelayWhy::NotRouted));
+
+        let mut d = ready(p);
+        assert!(d.handle(ms(50), Event::Routed).is_empty());
+        assert_eq!(d.handle(ms(100), TERM), vec![Action::SampleInFlight]);
+        assert_eq!(d.timeline().pre_drain_delay, ms(5000));
+        assert_eq!(d.delay_why(), Some(DelayWhy::Routed));
+        // Never ready: skipped whatever the rule.
+        let mut d = Drain::new(policy());
+        d.handle(ms(0), TERM);
+        assert_eq!(d.delay_why(), Some(DelayWhy::NeverReady));
     }
 
     #[test]

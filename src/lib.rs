@@ -38,7 +38,8 @@
 //! default). Beat 1, in the same step that read the signal: the phase becomes
 //! `draining` (so `/readyz` answers 503) and the in-flight descendants are counted.
 //! Beat 2: the app keeps serving for the pre-drain delay while load balancers
-//! catch up. Beat 3, at T0 + delay: the drain signal is forwarded once to the main
+//! catch up (by default only when something routes by readiness: Kubernetes, or a
+//! client that asked `/readyz`; else 0). Beat 3, at T0 + delay: the drain signal is forwarded once to the main
 //! child (or its group); when the child has exited, every remaining descendant gets
 //! it too, once; at T0 + delay + drain timeout whatever is left is SIGKILLed and
 //! counted *abandoned*. Then `stopping`: teardown steps, the exit report, the exit
@@ -79,3 +80,4 @@ pub mod report;
 pub mod signals;
 pub mod spawn;
 pub mod supervisor;
+pub mod user;

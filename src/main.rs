@@ -150,11 +150,12 @@ fn run(args: Vec<OsString>) -> i32 {
         return 0;
     }
     let budget = cfg.budget();
+    let delay_note = cfg.pre_drain_delay_note();
     if budget.fits() {
-        log::info!("grace budget: {budget}");
+        log::info!("grace budget: {budget}; {delay_note}");
     } else {
         log::warn!(
-            "grace budget: {budget}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
+            "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
         );
     }
 
@@ -241,7 +242,16 @@ fn run(args: Vec<OsString>) -> i32 {
                 }
             };
             reaper.borrow_mut().set_main(pid);
-            log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy());
+            match &spec.user {
+                Some(u) => log::info!(
+                    "started {} as pid {pid}, user {} (uid {}, gid {})",
+                    spec.argv[0].to_string_lossy(),
+                    u.spec,
+                    u.uid,
+                    u.gid
+                ),
+                None => log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy()),
+            }
             hold_nothing(&inherited);
 
             if let Some(l) = listener {
@@ -291,12 +301,19 @@ fn child_spec(cfg: &config::Config, notify_env: Vec<(OsString, OsString)>) -> Ch
             }
             k != "NOTIFY_SOCKET" && k != "WATCHDOG_USEC" && k != "WATCHDOG_PID"
         })
+        // With --user, HOME is the user's (as gosu and su-exec set it).
+        .filter(|(k, _)| cfg.user.is_none() || k != "HOME")
         .collect();
-    let env = env.into_iter().chain(notify_env).collect();
+    let home = cfg
+        .user
+        .as_ref()
+        .map(|u| (OsString::from("HOME"), OsString::from(&u.home)));
+    let env = env.into_iter().chain(notify_env).chain(home).collect();
     ChildSpec {
         argv: cfg.command.clone(),
         env,
         rewrite_listen_pid,
+        user: cfg.user.clone(),
     }
 }
 

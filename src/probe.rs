@@ -52,6 +52,16 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// Request buffer (headers included), bytes; a longer head gets 431.
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 
+/// Set by the first `GET|HEAD /readyz`: something routes by drainit's readiness,
+/// so the default pre-drain delay applies (DESIGN §2). One probe server per
+/// process, and the supervisor only reads it: a flag, not a channel.
+static READYZ_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether any client has asked `/readyz` (GET or HEAD) since drainit started.
+pub fn readyz_asked() -> bool {
+    READYZ_ASKED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What the supervisor publishes for the probes. The supervisor writes `phase`;
 /// `notify.rs` writes the app's fields (sd_notify).
 #[derive(Clone, Debug, PartialEq)]
@@ -277,6 +287,9 @@ pub async fn answer<B>(
             json!({"status": "method not allowed"}),
             false,
         );
+    }
+    if path == "/readyz" {
+        READYZ_ASKED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     let published = state.borrow().clone();
     if path == "/healthz" {

@@ -78,6 +78,9 @@ pub struct ChildSpec {
     /// Rewrite `LISTEN_PID` to the child's own pid (socket activation: the caller
     /// found `LISTEN_PID` naming drainit).
     pub rewrite_listen_pid: bool,
+    /// `--user`: the ids the child switches to right before `execve`; `None`:
+    /// drainit's own.
+    pub user: Option<crate::user::Identity>,
 }
 
 const LISTEN_PID: &[u8] = b"LISTEN_PID=";
@@ -121,6 +124,12 @@ struct ExecArgs {
     dir: *const libc::c_char,
     /// SIGPIPE was ignored when drainit started.
     sigpipe_ignored: bool,
+    /// Switch to `uid`, `gid` and the `ngroups` supplementary groups at `groups`.
+    set_ids: bool,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: *const libc::gid_t,
+    ngroups: usize,
     /// The signal mask drainit inherited: the child execs with it.
     mask: libc::sigset_t,
     /// SIGTTOU, SIGTTIN, SIGTSTP: blocked around `tcsetpgrp`.
@@ -143,7 +152,7 @@ fn child_stack_size(argc: usize) -> usize {
 /// It shares drainit's memory (`CLONE_VM`) while drainit's calling thread is
 /// suspended (`CLONE_VFORK`), exactly like glibc's `posix_spawn`: it calls only
 /// async-signal-safe functions (sigaction, setpgid, dup2, chdir, sigprocmask,
-/// tcsetpgrp, getpid, execvpe), allocates nothing, takes no lock, and writes only
+/// tcsetpgrp, getpid, execvpe, and raw setgroups/setresgid/setresuid), allocates nothing, takes no lock, and writes only
 /// into `ExecArgs`. No handler of drainit's can run here: every caught signal is
 /// blocked until the mask is replaced right before `execve`, and the dispositions
 /// are the child's own copy (no `CLONE_SIGHAND`).
@@ -213,6 +222,21 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
             }
             *a.listen_pid.add(LISTEN_PID.len() + len) = 0;
         }
+        if a.set_ids {
+            // `--user`: groups, then gid, then uid (after setresuid(2) the right to
+            // change groups is gone). Raw system calls, as glibc's posix_spawn does
+            // for POSIX_SPAWN_RESETIDS: the C libraries' setuid/setgid wrappers
+            // apply the change to every thread of the process through a signal
+            // broadcast over the thread list, which this child shares with drainit
+            // (CLONE_VM); the raw calls change this task alone. A failure fails the
+            // spawn (exit 126): the app never runs with the wrong ids.
+            if libc::syscall(libc::SYS_setgroups, a.ngroups, a.groups) != 0
+                || libc::syscall(libc::SYS_setresgid, a.gid, a.gid, a.gid) != 0
+                || libc::syscall(libc::SYS_setresuid, a.uid, a.uid, a.uid) != 0
+            {
+                return fail(a);
+            }
+        }
         // The mask drainit inherited, replacing drainit's own (nearly everything).
         if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
             return fail(a);
@@ -233,6 +257,8 @@ struct Launch<'a> {
     output: Option<std::os::fd::BorrowedFd<'a>>,
     dir: Option<&'a std::ffi::CStr>,
     mask: SigSet,
+    /// `--user` (the main child only).
+    user: Option<&'a crate::user::Identity>,
 }
 
 /// Starts a process with `clone(CLONE_VM | CLONE_VFORK)` and `execvpe`, the way
@@ -281,6 +307,11 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
         output: l.output.map_or(-1, |fd| fd.as_raw_fd()),
         dir: l.dir.map_or(std::ptr::null(), |d| d.as_ptr()),
         sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
+        set_ids: l.user.is_some(),
+        uid: l.user.map_or(0, |u| u.uid),
+        gid: l.user.map_or(0, |u| u.gid),
+        groups: l.user.map_or(std::ptr::null(), |u| u.groups.as_ptr()),
+        ngroups: l.user.map_or(0, |u| u.groups.len()),
         mask: *l.mask.as_ref(),
         tty_block: *tty_block.as_ref(),
         exec_errno: std::sync::atomic::AtomicI32::new(0),
@@ -358,6 +389,7 @@ pub fn spawn_child(
         output: None,
         dir: None,
         mask: mask.0,
+        user: spec.user.as_ref(),
     };
     start(&launch).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
@@ -470,6 +502,8 @@ pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
         },
         dir: dir.as_deref(),
         mask: crate::signals::inherited_mask().0,
+        // Helpers (checks, teardown) run as drainit.
+        user: None,
     };
     start(&launch)
 }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 use crate::checks::{self, Checks};
-use crate::config::{Config, ForwardTo};
-use crate::drain::{Action, ChildExit, Drain, Event, Outcome, Phase, Policy};
+use crate::config::{Config, DelayRule, ForwardTo};
+use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy};
 use crate::probe::Published;
 use crate::procs;
 use crate::reaper::Reaper;
@@ -94,6 +94,7 @@ impl Supervisor {
     ) -> Supervisor {
         let policy = Policy {
             pre_drain_delay: cfg.pre_drain_delay,
+            delay_needs_routing: cfg.pre_drain_delay_rule == DelayRule::WhenRouted,
             drain_timeout: cfg.drain_timeout,
             teardown_timeouts: cfg.teardown.iter().map(|t| t.timeout).collect(),
             drain_signals: cfg.drain_signals.clone(),
@@ -223,6 +224,10 @@ impl Supervisor {
                             );
                         } else {
                             log::debug!("received {} from pid {}", r.signal, r.sender);
+                            if crate::probe::readyz_asked() {
+                                // Before the signal: a T0 now decides the delay by it.
+                                self.queue.push_back(Event::Routed);
+                            }
                             self.queue.push_back(Event::Signal(r.signal));
                             // Beat 1 is taken before anything else, in this step.
                             self.process();
@@ -299,6 +304,19 @@ impl Supervisor {
         }
     }
 
+    /// Why the pre-drain delay at T0 is what it is, for the T0 log line.
+    fn delay_why(&self) -> &'static str {
+        match (self.drain.delay_why(), self.cfg.pre_drain_delay_rule) {
+            (Some(DelayWhy::NeverReady), _) => "readiness never passed: nothing was routed here",
+            (Some(DelayWhy::Routed), _) => "default pre-drain delay: a client asked /readyz",
+            (Some(DelayWhy::NotRouted), _) => {
+                "default pre-drain delay 0: not in Kubernetes and no client asked /readyz"
+            }
+            (_, DelayRule::Kubernetes) => "default pre-drain delay: in Kubernetes",
+            _ => "pre-drain delay as configured",
+        }
+    }
+
     fn forward_target(&self) -> i32 {
         match self.cfg.forward_to {
             ForwardTo::Child => self.child_pid,
@@ -341,9 +359,10 @@ impl Supervisor {
                 let t = self.drain.timeline();
                 match self.drain.drain_signal() {
                     Some(sig) => log::info!(
-                        "drain started by {sig}: readiness fails now; {} in flight; forwarding in {}, deadline in {}",
+                        "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
                         alive.len(),
                         checks::fmt_ms(t.pre_drain_delay),
+                        self.delay_why(),
                         checks::fmt_ms(
                             t.deadline
                                 .unwrap_or_default()

@@ -1,6 +1,9 @@
 //! The shipped examples stay true: the exit-code script passes against this build,
-//! and the Kubernetes and systemd examples' drainit flags are valid and fit their
-//! grace periods (checked with `--check-config`, as an operator would).
+//! the Kubernetes and systemd examples' drainit flags are valid and fit their
+//! grace periods (checked with `--check-config`, as an operator would), and the
+//! Kubernetes manifest runs what Dockerfile.example builds. No Docker engine runs
+//! here: the Dockerfile is parsed, its drainit flags and environment are run
+//! through `--check-config`.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -11,6 +14,76 @@ use common::*;
 
 fn example(name: &str) -> String {
     std::fs::read_to_string(format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn repo_file(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// A Dockerfile's instructions as `(INSTRUCTION, rest)`, continuation lines joined;
+/// with `commented`, the instructions of its `#   INSTR …` example lines instead.
+fn dockerfile(text: &str, commented: bool) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let line = if commented {
+            match line.strip_prefix("#   ") {
+                Some(l) if l.starts_with(|c: char| c.is_ascii_uppercase()) => l,
+                _ => continue,
+            }
+        } else if line.trim_start().starts_with('#') {
+            continue;
+        } else {
+            line
+        };
+        match line.trim_end().strip_suffix('\\') {
+            Some(part) => cur.push_str(part),
+            None => {
+                cur.push_str(line);
+                let t = std::mem::take(&mut cur);
+                if let Some((instr, rest)) = t.trim().split_once(' ') {
+                    out.push((instr.to_string(), rest.trim().to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The instructions of the last stage (from its `FROM`).
+fn last_stage(instrs: &[(String, String)]) -> &[(String, String)] {
+    let from = instrs.iter().rposition(|(i, _)| i == "FROM").expect("FROM");
+    &instrs[from..]
+}
+
+/// The JSON array of an exec-form instruction (`ENTRYPOINT [...]`, `CMD [...]`).
+fn exec_form(rest: &str) -> Vec<String> {
+    let json = &rest[rest.find('[').expect("exec form")..];
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{rest}: {e}"))
+}
+
+fn instr<'a>(stage: &'a [(String, String)], name: &str) -> &'a str {
+    &stage
+        .iter()
+        .rfind(|(i, _)| i == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .1
+}
+
+/// The value of `--probe-addr` in `args` (`--probe-addr X` or `--probe-addr=X`).
+fn probe_addr(args: &[String]) -> String {
+    args.iter()
+        .enumerate()
+        .find_map(|(i, a)| {
+            a.strip_prefix("--probe-addr=")
+                .map(String::from)
+                .or_else(|| (a == "--probe-addr").then(|| args[i + 1].clone()))
+        })
+        .expect("--probe-addr")
+}
+
+fn port_of(addr: &str) -> &str {
+    addr.rsplit_once(':').expect("host:port").1
 }
 
 #[test]
@@ -98,4 +171,168 @@ fn check_config<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dockerfile_example_needs_no_buildkit_and_its_context_is_small() {
+    let text = repo_file("Dockerfile.example");
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(!line.contains("--mount="), "BuildKit-only: {line}");
+        assert!(!line.contains("--link"), "BuildKit-only: {line}");
+        assert!(!line.contains("<<"), "BuildKit-only heredoc: {line}");
+    }
+    assert!(
+        !text.contains("# syntax="),
+        "a syntax directive needs BuildKit"
+    );
+    let ignore = repo_file(".dockerignore");
+    for entry in ["target/", ".git/"] {
+        assert!(ignore.lines().any(|l| l.trim() == entry), "{entry}");
+    }
+    // What the build stage copies exists (a COPY of a missing path fails the build).
+    for (i, rest) in dockerfile(&text, false) {
+        if i == "COPY" && !rest.starts_with("--from") {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            for src in &words[..words.len() - 1] {
+                let p = format!("{}/{src}", env!("CARGO_MANIFEST_DIR"));
+                assert!(std::path::Path::new(&p).exists(), "COPY {src}: missing");
+            }
+        }
+    }
+}
+
+#[test]
+fn dockerfile_example_drainit_flags_and_environment_are_valid() {
+    let text = repo_file("Dockerfile.example");
+    let instrs = dockerfile(&text, false);
+    let stage = last_stage(&instrs);
+    let entry = exec_form(instr(stage, "ENTRYPOINT"));
+    let flags: Vec<&String> = entry[1..].iter().take_while(|a| *a != "--").collect();
+    let env: Vec<(String, String)> = stage
+        .iter()
+        .filter(|(i, _)| i == "ENV")
+        .flat_map(|(_, rest)| {
+            rest.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|(k, _)| k.starts_with("DRAINIT_"))
+        .collect();
+    assert!(!env.is_empty(), "the budget is set as environment");
+    let out = Command::new(bin())
+        .arg("--check-config")
+        .args(&flags)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("spare)"), "the budget fits: {stdout}");
+    assert!(
+        out.stderr.is_empty(),
+        "no warning: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn dockerfile_healthchecks_use_drainit_probe_at_the_entrypoint_address() {
+    let text = repo_file("Dockerfile.example");
+    for commented in [false, true] {
+        let instrs = dockerfile(&text, commented);
+        let stage = if commented {
+            &instrs[..]
+        } else {
+            last_stage(&instrs)
+        };
+        let entry = exec_form(instr(stage, "ENTRYPOINT"));
+        let check = instr(stage, "HEALTHCHECK");
+        let cmd = exec_form(check.split_once("CMD").expect("HEALTHCHECK CMD").1);
+        assert_eq!(cmd[0], entry[0], "the health check runs drainit itself");
+        assert_eq!(cmd[1..3], ["--probe", "readyz"]);
+        let served = probe_addr(&entry);
+        let asked = probe_addr(&cmd);
+        assert_eq!(port_of(&asked), port_of(&served), "{asked} vs {served}");
+        assert!(asked.starts_with("127.0.0.1:"), "{asked}");
+    }
+}
+
+#[test]
+fn kubernetes_example_runs_what_dockerfile_example_builds() {
+    let instrs = dockerfile(&repo_file("Dockerfile.example"), false);
+    let stage = last_stage(&instrs);
+    let entry = exec_form(instr(stage, "ENTRYPOINT"));
+    let cmd = exec_form(instr(stage, "CMD"));
+    // Programs the image has: what it copies in, and the base image's.
+    let copied: Vec<String> = stage
+        .iter()
+        .filter(|(i, _)| i == "COPY")
+        .map(|(_, rest)| rest.split_whitespace().last().unwrap().to_string())
+        .collect();
+    assert!(
+        instr(stage, "FROM").starts_with("python:3"),
+        "the app needs python3"
+    );
+    let base_has = ["python3", "sync", "sh"];
+
+    let yaml = example("kubernetes.yaml");
+    let command = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("command:"))
+        .expect("command:");
+    let command: Vec<String> = serde_json::from_str(command.trim()).unwrap();
+    assert_eq!(
+        command[0], entry[0],
+        "the manifest runs the image's drainit"
+    );
+    assert!(copied.contains(&command[0]));
+    let items: Vec<String> = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1)
+        .take_while(|l| l.trim_start().starts_with("- "))
+        .map(|l| {
+            let v = l
+                .split(" #")
+                .next()
+                .unwrap()
+                .trim()
+                .trim_start_matches("- ")
+                .trim();
+            v.trim_matches('"').to_string()
+        })
+        .collect();
+    let dash = items.iter().position(|a| a == "--").expect("--");
+    assert_eq!(
+        items[dash + 1..],
+        cmd[..],
+        "the manifest runs the image's CMD"
+    );
+    for a in &items[..dash] {
+        if let Some(step) = a.strip_prefix("--teardown=") {
+            let program = shell_words::split(step).unwrap()[0].clone();
+            assert!(
+                copied.contains(&program) || base_has.contains(&program.as_str()),
+                "teardown program {program} is not in the image"
+            );
+        }
+    }
+    // The kubelet probes the port drainit serves.
+    let served = probe_addr(&items[..dash]);
+    let probes_port = yaml
+        .lines()
+        .skip_while(|l| !l.contains("name: probes"))
+        .find_map(|l| l.trim().strip_prefix("containerPort:"))
+        .expect("the probes port")
+        .trim()
+        .to_string();
+    assert_eq!(port_of(&served), probes_port);
+    assert!(yaml.contains("path: /readyz") && yaml.contains("path: /healthz"));
 }
