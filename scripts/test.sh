@@ -1,6 +1,7 @@
 #!/bin/sh
 # The project's test command (README "Testing"; `.ci/run` runs it on a clean clone).
-#   1. formatting and lints: `cargo fmt --check`, `cargo clippy --all-targets -D warnings`;
+#   1. formatting and lints: `cargo fmt --check`, `cargo clippy --workspace --all-targets
+#      -D warnings`;
 #   2. the static musl release binary, the one that ships (the Rust target is
 #      installed with rustup when missing);
 #   3. `cargo test` with DRAINIT_BIN set to that binary: unit and component tests run
@@ -12,12 +13,16 @@ cd "$(dirname "$0")/.."
 TARGET=x86_64-unknown-linux-musl
 
 cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
   rustup target add "$TARGET"
 fi
 cargo build --release --target "$TARGET"
 BIN="$PWD/target/$TARGET/release/drainit"
+
+# The release-time generator (man page, completions), built before the tests so that
+# tests/packaging.rs runs it without building (and without the network).
+cargo build -p xtask
 
 DRAINIT_BIN="$BIN" cargo test
