@@ -325,7 +325,8 @@ static DIRECT: OnceLock<Direct> = OnceLock::new();
 static FINAL_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// One log line in `format`, newline included, without timestamp or priority
-/// prefix: the shape [`render_line`] adds them to.
+/// prefix: the shape [`render_line`] adds them to (what the tests pin down).
+#[cfg(test)]
 fn format_line(format: LogFormat, level: log::Level, msg: &str) -> String {
     render_line(format, level, msg, None, false)
 }
