@@ -23,7 +23,6 @@
 //! Invariant: every metric is named `drainit_*` with its unit in the name, and has
 //! `# HELP` and `# TYPE` lines even before its first sample.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -47,25 +46,40 @@ struct Histogram {
     count: u64,
 }
 
+/// Label sets and their values, in the order first seen. Plain vectors, not
+/// maps: each holds a handful of entries (signals, checks, paths), and every map
+/// type would add its own code to the binary.
 struct Registry {
-    signals_forwarded: BTreeMap<String, u64>,
-    signals_received: BTreeMap<String, u64>,
+    signals_forwarded: Vec<(String, u64)>,
+    signals_received: Vec<(String, u64)>,
     /// `(check name, passed)` → runs.
-    checks: BTreeMap<(String, bool), u64>,
-    check_durations: BTreeMap<String, Histogram>,
+    checks: Vec<((String, bool), u64)>,
+    check_durations: Vec<(String, Histogram)>,
     /// `(path label, status)` → requests.
-    probe_requests: BTreeMap<(&'static str, u16), u64>,
+    probe_requests: Vec<((&'static str, u16), u64)>,
     orphans_reaped: u64,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    signals_forwarded: BTreeMap::new(),
-    signals_received: BTreeMap::new(),
-    checks: BTreeMap::new(),
-    check_durations: BTreeMap::new(),
-    probe_requests: BTreeMap::new(),
+    signals_forwarded: Vec::new(),
+    signals_received: Vec::new(),
+    checks: Vec::new(),
+    check_durations: Vec::new(),
+    probe_requests: Vec::new(),
     orphans_reaped: 0,
 });
+
+/// The value for `key`, inserted as `V::default()` when new.
+fn entry<K: PartialEq, V: Default>(v: &mut Vec<(K, V)>, key: K) -> &mut V {
+    let i = match v.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            v.push((key, V::default()));
+            v.len() - 1
+        }
+    };
+    &mut v[i].1
+}
 
 fn registry() -> MutexGuard<'static, Registry> {
     // A panic while holding the lock leaves counters that are still counters.
@@ -76,26 +90,20 @@ fn registry() -> MutexGuard<'static, Registry> {
 /// or, as the drain signal, to one remaining descendant. `signal` is its name
 /// (`SIGTERM`).
 pub fn signal_forwarded(signal: &str) {
-    *registry()
-        .signals_forwarded
-        .entry(signal.to_string())
-        .or_default() += 1;
+    *entry(&mut registry().signals_forwarded, signal.to_string()) += 1;
 }
 
 /// drainit received `signal` (any but SIGCHLD), before rewriting.
 pub fn signal_received(signal: &str) {
-    *registry()
-        .signals_received
-        .entry(signal.to_string())
-        .or_default() += 1;
+    *entry(&mut registry().signals_received, signal.to_string()) += 1;
 }
 
 /// One run of the check named `check` ended after `took`, passed or not (a
 /// timeout is a failure that took the timeout).
 pub fn check_ran(check: &str, passed: bool, took: Duration) {
     let mut r = registry();
-    *r.checks.entry((check.to_string(), passed)).or_default() += 1;
-    let h = r.check_durations.entry(check.to_string()).or_default();
+    *entry(&mut r.checks, (check.to_string(), passed)) += 1;
+    let h = entry(&mut r.check_durations, check.to_string());
     let secs = took.as_secs_f64();
     let i = CHECK_BUCKETS
         .iter()
@@ -116,7 +124,7 @@ pub fn probe_request(path: &str, status: u16) {
         "/metrics" => "/metrics",
         _ => "other",
     };
-    *registry().probe_requests.entry((path, status)).or_default() += 1;
+    *entry(&mut registry().probe_requests, (path, status)) += 1;
 }
 
 /// The reaper's running count of orphans reaped (processes that were not the
