@@ -15,7 +15,9 @@
 //!
 //! Why hand-written rather than the `prometheus-client` crate: the format is a few
 //! lines of text, and drainit's idle RSS has almost no room left under its 2×
-//! tini-static budget (README, Performance).
+//! tini-static budget. Measured (README, Performance): `prometheus-client` 0.23.1
+//! added 56 KiB to a small static program doing what [`render`] does; this whole
+//! module and its callers added 24 KiB to drainit.
 //!
 //! Must not: record anything of unbounded cardinality. Labels are signal names,
 //! configured check names, a fixed set of probe paths and HTTP status codes.
