@@ -81,6 +81,12 @@ impl Checks {
         self.last.borrow().clone()
     }
 
+    /// The pids of drainit's own helpers running now (exec checks, teardown
+    /// steps): not the app's processes.
+    pub fn helper_pids(&self) -> std::collections::HashSet<i32> {
+        self.reaper.borrow().helpers().collect()
+    }
+
     /// How many evaluations ran so far (single flight shows here).
     pub fn runs(&self) -> u64 {
         self.runs.get()
@@ -139,11 +145,13 @@ impl Checks {
             let spec = spec.clone();
             let reaper = self.reaper.clone();
             set.spawn_local(async move {
+                let started = tokio::time::Instant::now();
                 let detail =
                     match tokio::time::timeout(spec.timeout, run_one(&spec.kind, &reaper)).await {
                         Ok(r) => r.err(),
                         Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
                     };
+                crate::metrics::check_ran(&spec.name, detail.is_none(), started.elapsed());
                 (
                     i,
                     CheckResult {

@@ -125,6 +125,9 @@ pub struct Cli {
     /// Print the resolved configuration and the grace budget, then exit (0, or 78)
     #[arg(long)]
     pub check_config: bool,
+    /// Health-check client: GET /readyz or /healthz on the probe address, exit 0 on 200, 1 otherwise (3 s at most); starts nothing
+    #[arg(long, value_name = "readyz|healthz")]
+    pub probe: Option<String>,
     /// Format of drainit's own log lines on stderr: text or json [default: text]
     #[arg(long, env = "DRAINIT_LOG_FORMAT", value_name = "text|json")]
     pub log_format: Option<String>,
@@ -232,9 +235,11 @@ pub struct Config {
     /// `--user`: whom the child runs as; `None`: as drainit.
     pub user: Option<crate::user::Identity>,
     pub check_config: bool,
+    /// `--probe`: run as a health-check client for this path instead of as an init.
+    pub probe_client: Option<ProbePath>,
     pub log_format: LogFormat,
     pub log_level: log::LevelFilter,
-    /// argv of the child; empty only with `--check-config`.
+    /// argv of the child; empty only with `--check-config` or `--probe`.
     pub command: Vec<OsString>,
 }
 
@@ -384,6 +389,31 @@ fn parse_bool(s: &str) -> Result<bool, String> {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" | "" => Ok(false),
         _ => Err(format!("'{s}' is not a boolean (true or false)")),
+    }
+}
+
+/// The probe a `--probe` client asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbePath {
+    Readyz,
+    Healthz,
+}
+
+impl ProbePath {
+    /// The request path: `/readyz` or `/healthz`.
+    pub fn as_path(self) -> &'static str {
+        match self {
+            ProbePath::Readyz => "/readyz",
+            ProbePath::Healthz => "/healthz",
+        }
+    }
+}
+
+fn parse_probe_path(s: &str) -> Result<ProbePath, String> {
+    match s.trim().trim_start_matches('/') {
+        "readyz" => Ok(ProbePath::Readyz),
+        "healthz" => Ok(ProbePath::Healthz),
+        _ => Err(format!("'{s}' is not a probe: readyz or healthz")),
     }
 }
 
@@ -1146,7 +1176,16 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
     }
 
-    if cli.command.is_empty() && !cli.check_config {
+    let probe_client = match &cli.probe {
+        None => None,
+        Some(v) => Some(parse_probe_path(v).map_err(|e| Origin::Flag("probe").error(&e))?),
+    };
+    if probe_client.is_some() && !cli.command.is_empty() {
+        return Err(ConfigError::usage(
+            "--probe checks a running drainit and starts nothing: give no command".into(),
+        ));
+    }
+    if cli.command.is_empty() && !cli.check_config && probe_client.is_none() {
         return Err(ConfigError::usage(
             "no command given\n\nUsage: drainit [FLAGS] [--] CMD [ARGS...]\n\nFor more information, try '--help'.".into(),
         ));
@@ -1170,6 +1209,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         report_file,
         user,
         check_config: cli.check_config,
+        probe_client,
         log_format,
         log_level,
         command: cli.command,

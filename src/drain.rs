@@ -311,6 +311,13 @@ impl Drain {
             )
     }
 
+    /// Beat 3 (or the stop window after the main child's own exit): the drain
+    /// signal was sent on and the remaining descendants are waited for until the
+    /// deadline (the driver reports progress meanwhile).
+    pub fn awaits_deadline(&self) -> bool {
+        self.wait == Wait::Descendants
+    }
+
     /// The next instant at which the driver must send [`Event::Tick`]; `None` when
     /// nothing is timed (idle costs nothing).
     pub fn next_deadline(&self) -> Option<At> {

@@ -42,7 +42,9 @@
 //! client that asked `/readyz`; else 0). Beat 3, at T0 + delay: the drain signal is forwarded once to the main
 //! child (or its group); when the child has exited, every remaining descendant gets
 //! it too, once; at T0 + delay + drain timeout whatever is left is SIGKILLed and
-//! counted *abandoned*. Then `stopping`: teardown steps, the exit report, the exit
+//! counted *abandoned*. While beat 3 waits, a progress line each second says what
+//! is left; with `--report-file`, a partial report (`"final":false`) is written at
+//! T0 and at the forward, so a SIGKILL of drainit itself still leaves evidence. Then `stopping`: teardown steps, the exit report, the exit
 //! code (0 clean, 2 abandoned or teardown failed). The policy is the pure state
 //! machine in [`drain`]; the [`supervisor`] only drives it.
 //!
@@ -53,6 +55,9 @@
 //! hold anything the loop needs. Readiness first passes when every check and, with
 //! `--ready-notify`, the app's `READY=1` have passed; from then on `/readyz`
 //! re-evaluates the checks per request, concurrent requests sharing one evaluation.
+//! The probe server also answers `/metrics` (Prometheus text): counters that the
+//! supervisor, the checks and the probe server record in [`metrics`], and the
+//! phase, readiness and live descendants read at scrape time.
 //!
 //! **Threads.** One: the supervisor, the reaper, the probe server, the checks and
 //! the notify socket are tasks of a single-threaded tokio runtime. A second thread
@@ -72,8 +77,10 @@ pub mod checks;
 pub mod config;
 pub mod drain;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod probe;
+pub mod probe_client;
 pub mod procs;
 pub mod reaper;
 pub mod report;

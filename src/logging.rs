@@ -1,5 +1,11 @@
 //! drainit's own log lines on stderr: `drainit: …` in text, one JSON object per
-//! line in json. A `log::Log` backend.
+//! line in json (with an RFC 3339 UTC timestamp, `"ts"`). A `log::Log` backend.
+//!
+//! Under journald (`JOURNAL_STREAM` names stderr's device and inode, sd-daemon(3)),
+//! every line, the exit report's included, starts with its syslog priority
+//! (`<3>` error, `<4>` warning, `<6>` info and the report, `<7>` debug): journald
+//! strips the prefix and files the line at that priority, so `journalctl -p
+//! warning` shows drainit's warnings.
 //!
 //! Owns: the only writes to stderr after start-up, the exit report's line included
 //! ([`write_final`]), and the thread that makes them.
@@ -193,7 +199,7 @@ fn write_lines<W: Write>(mut out: W, format: LogFormat, rx: Receiver<Msg>, backl
             }
             Msg::Dropped(n) => {
                 let what = if n == 1 { "line" } else { "lines" };
-                let line = format_line(
+                let line = log_line(
                     format,
                     log::Level::Warn,
                     &format!("{n} log {what} dropped (stderr did not keep up)"),
@@ -318,23 +324,122 @@ static DIRECT: OnceLock<Direct> = OnceLock::new();
 /// report's own bound already covered a stuck stderr).
 static FINAL_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// One log line in `format`, newline included.
+/// One log line in `format`, newline included, without timestamp or priority
+/// prefix: the shape [`render_line`] adds them to (what the tests pin down).
+#[cfg(test)]
 fn format_line(format: LogFormat, level: log::Level, msg: &str) -> String {
+    render_line(format, level, msg, None, false)
+}
+
+/// A log line as written now: JSON with the current time, and the priority
+/// prefix when stderr is the journal.
+fn log_line(format: LogFormat, level: log::Level, msg: &str) -> String {
+    render_line(
+        format,
+        level,
+        msg,
+        Some(std::time::SystemTime::now()),
+        JOURNAL.load(Ordering::Relaxed),
+    )
+}
+
+/// One log line, newline included: `drainit: …` (text) or
+/// `{"drainit":"log","ts":"2026-12-01T15:32:25.123Z","level":"info","msg":"…"}`
+/// (json; `ts` only when `at` is given), after `<N>` (sd-daemon(3) priority) when
+/// `journal`.
+fn render_line(
+    format: LogFormat,
+    level: log::Level,
+    msg: &str,
+    at: Option<std::time::SystemTime>,
+    journal: bool,
+) -> String {
+    let prefix = if journal {
+        format!("<{}>", priority(level))
+    } else {
+        String::new()
+    };
     match format {
         LogFormat::Text => match level {
-            log::Level::Info => format!("drainit: {msg}\n"),
-            log::Level::Warn => format!("drainit: warning: {msg}\n"),
-            log::Level::Error => format!("drainit: error: {msg}\n"),
-            l => format!("drainit: {}: {msg}\n", l.as_str().to_lowercase()),
+            log::Level::Info => format!("{prefix}drainit: {msg}\n"),
+            log::Level::Warn => format!("{prefix}drainit: warning: {msg}\n"),
+            log::Level::Error => format!("{prefix}drainit: error: {msg}\n"),
+            l => format!("{prefix}drainit: {}: {msg}\n", l.as_str().to_lowercase()),
         },
         LogFormat::Json => {
             let msg = serde_json::to_string(msg).unwrap_or_else(|_| "\"\"".into());
+            let ts = at.map_or(String::new(), |t| format!(",\"ts\":\"{}\"", rfc3339(t)));
             format!(
-                "{{\"drainit\":\"log\",\"level\":\"{}\",\"msg\":{msg}}}\n",
+                "{prefix}{{\"drainit\":\"log\"{ts},\"level\":\"{}\",\"msg\":{msg}}}\n",
                 level.as_str().to_lowercase()
             )
         }
     }
+}
+
+/// The syslog priority of a level (sd-daemon(3): `<3>` SD_ERR, `<4>` SD_WARNING,
+/// `<6>` SD_INFO, `<7>` SD_DEBUG).
+fn priority(level: log::Level) -> u8 {
+    match level {
+        log::Level::Error => 3,
+        log::Level::Warn => 4,
+        log::Level::Info => 6,
+        log::Level::Debug | log::Level::Trace => 7,
+    }
+}
+
+/// stderr is the journal: set by [`init`].
+static JOURNAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether `journal_stream` (the value of `JOURNAL_STREAM`, `DEV:INO` in decimal,
+/// set by systemd for a unit whose output goes to the journal) names the file
+/// whose device and inode are `dev` and `ino` (sd-daemon(3): a process must check
+/// that its stderr is still that stream, it may have been redirected since).
+pub fn is_journal_stream(journal_stream: &str, dev: u64, ino: u64) -> bool {
+    journal_stream
+        .split_once(':')
+        .and_then(|(d, i)| Some((d.trim().parse::<u64>().ok()?, i.trim().parse::<u64>().ok()?)))
+        == Some((dev, ino))
+}
+
+/// Whether this process's stderr is the journal stream `JOURNAL_STREAM` names.
+fn stderr_is_journal() -> bool {
+    let Ok(stream) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    nix::sys::stat::fstat(std::io::stderr())
+        .is_ok_and(|st| is_journal_stream(&stream, st.st_dev, st.st_ino))
+}
+
+/// `2026-12-01T15:32:25.123Z`: RFC 3339, UTC, milliseconds. Times before 1970
+/// (a clock set wrong) show as 1970-01-01.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (y, m, day) = civil_from_days((secs / 86_400) as i64);
+    let sod = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60,
+        d.subsec_millis()
+    )
+}
+
+/// (year, month, day) of the day `z` days after 1970-01-01, proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`, <https://howardhinnant.github.io/date_algorithms.html>).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 /// The process's queue, once [`init`] ran.
@@ -353,7 +458,7 @@ impl log::Log for Logger {
         if !self.enabled(record.metadata()) {
             return;
         }
-        let line = format_line(self.format, record.level(), &record.args().to_string());
+        let line = log_line(self.format, record.level(), &record.args().to_string());
         emit(self.format, line);
     }
 
@@ -374,13 +479,14 @@ impl log::Log for Logger {
 /// instead of the signalfd.
 pub fn init(format: LogFormat, level: log::LevelFilter) {
     let _ = FORMAT.set(format);
+    JOURNAL.store(stderr_is_journal(), Ordering::Relaxed);
     let logger: &'static Logger = Box::leak(Box::new(Logger { format }));
     if log::set_logger(logger).is_ok() {
         log::set_max_level(level);
         std::panic::set_hook(Box::new(move |info| {
             emit(
                 format,
-                format_line(format, log::Level::Error, &info.to_string()),
+                log_line(format, log::Level::Error, &info.to_string()),
             );
             if let Some(q) = QUEUE.get() {
                 q.flush_within(PANIC_WRITE_BOUND);
@@ -452,7 +558,13 @@ pub fn flush(within: Duration) -> bool {
 /// written directly. Returns whether it was written; errors are ignored.
 pub fn write_final(line: &str, within: Duration) -> bool {
     FINAL_DONE.store(true, Ordering::Relaxed);
-    let mut line = line.as_bytes();
+    let prefixed;
+    let mut line = if JOURNAL.load(Ordering::Relaxed) {
+        prefixed = format!("<{}>{line}", priority(log::Level::Info));
+        prefixed.as_bytes()
+    } else {
+        line.as_bytes()
+    };
     if QUEUE.get().is_none_or(Queue::idle) {
         let whole = [line, b"\n"].concat();
         let written = direct(&whole);
@@ -574,6 +686,44 @@ mod tests {
         let q = Queue::start(Closed, LogFormat::Json, 4).unwrap();
         q.push("x\n");
         assert!(q.write_final("{}", Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn json_lines_carry_a_utc_timestamp_and_journal_lines_a_priority() {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        assert_eq!(
+            render_line(LogFormat::Json, log::Level::Info, "m", Some(at), false),
+            "{\"drainit\":\"log\",\"ts\":\"2023-11-14T22:13:20.123Z\",\"level\":\"info\",\"msg\":\"m\"}\n"
+        );
+        assert_eq!(
+            render_line(LogFormat::Text, log::Level::Warn, "w", Some(at), true),
+            "<4>drainit: warning: w\n"
+        );
+        assert_eq!(
+            render_line(LogFormat::Text, log::Level::Error, "e", None, true),
+            "<3>drainit: error: e\n"
+        );
+        assert_eq!(
+            render_line(LogFormat::Text, log::Level::Debug, "d", None, true),
+            "<7>drainit: debug: d\n"
+        );
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        let at = |s: u64| rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(4_107_542_399), "2100-02-28T23:59:59.000Z");
+        assert_eq!(at(1_798_761_599), "2026-12-31T23:59:59.000Z");
+    }
+
+    #[test]
+    fn journal_stream_must_name_stderr() {
+        assert!(is_journal_stream("8:1234", 8, 1234));
+        assert!(!is_journal_stream("8:1234", 8, 1235));
+        assert!(!is_journal_stream("garbage", 8, 1234));
+        assert!(!is_journal_stream("", 8, 1234));
     }
 
     #[test]

@@ -138,6 +138,10 @@ fn run(args: Vec<OsString>) -> i32 {
             return e.code;
         }
     };
+    if let Some(path) = cfg.probe_client {
+        // A health-check client: one request, no child, no logger (DESIGN §12).
+        return drainit::probe_client::run(path, &cfg.probe_addr);
+    }
     logging::init(cfg.log_format, cfg.log_level);
     warn_unrunnable(&cfg);
     anchor_paths(&mut cfg);

@@ -1,4 +1,5 @@
-//! The probe server: `GET|HEAD /healthz` and `/readyz` over HTTP/1.1 (DESIGN §6).
+//! The probe server: `GET|HEAD /healthz`, `/readyz` and `/metrics` over HTTP/1.1
+//! (DESIGN §6, §12).
 //!
 //! Owns: answering probes from the published state. It reads a
 //! `tokio::sync::watch` of [`Published`] and evaluates readiness checks through
@@ -41,6 +42,8 @@ use tokio::sync::watch;
 
 use crate::checks::{Checks, Evaluation};
 use crate::drain::Phase;
+use crate::metrics;
+use crate::procs;
 
 /// How long a client may take to send its request headers, from the accept.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -159,7 +162,11 @@ pub async fn serve(
                 flag.set(true);
                 let state = state.clone();
                 let checks = checks.clone();
-                async move { Ok::<_, Infallible>(answer(&req, &state, &checks).await) }
+                async move {
+                    let res = answer(&req, &state, &checks).await;
+                    metrics::probe_request(req.uri().path(), res.status().as_u16());
+                    Ok::<_, Infallible>(res)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -267,7 +274,8 @@ fn checks_json(ev: &Evaluation) -> Value {
 /// `{"status":"unhealthy","detail":"watchdog expired"}` when the app's sd_notify
 /// watchdog stopped beating; `/readyz` 200 `ready` or 503 `starting`, `degraded`,
 /// `draining`, `stopping`, with `checks` (name → `ok`, `detail`) when checks are
-/// configured and `app_status` when the app sent `STATUS=`. Other paths 404, other
+/// configured and `app_status` when the app sent `STATUS=`; `/metrics` 200 with the
+/// Prometheus text of [`metrics::render`]. Other paths 404, other
 /// methods 405 with `Allow: GET, HEAD`; `HEAD` gets the headers of `GET` and no
 /// body. Once ready, `/readyz` evaluates the checks (single flight), so it answers
 /// within the largest check timeout plus scheduling.
@@ -278,7 +286,10 @@ pub async fn answer<B>(
 ) -> Response<Full<Bytes>> {
     let head = req.method() == Method::HEAD;
     let path = req.uri().path();
-    if path != "/healthz" && path != "/readyz" {
+    if path == "/metrics" && (req.method() == Method::GET || head) {
+        return metrics_response(&state.borrow().clone(), checks, head);
+    }
+    if path != "/healthz" && path != "/readyz" && path != "/metrics" {
         return respond(StatusCode::NOT_FOUND, json!({"status": "not found"}), head);
     }
     if req.method() != Method::GET && !head {
@@ -347,4 +358,48 @@ pub async fn answer<B>(
         body.insert("app_status".into(), text.into());
     }
     respond(status, Value::Object(body), head)
+}
+
+/// `/metrics`: the counters, with the states read now. Readiness is what `/readyz`
+/// would answer from what is known without running the checks (their last
+/// evaluation), so a scrape never triggers a check.
+fn metrics_response(published: &Published, checks: &Checks, head: bool) -> Response<Full<Bytes>> {
+    let ready = published.phase == Phase::Ready
+        && !published.app_stopping
+        && (checks.is_empty() || checks.last().is_some_and(|ev| ev.all_ok()));
+    let text = metrics::render(&metrics::View {
+        phase: published.phase,
+        ready,
+        descendants: descendants_now(checks),
+    });
+    let len = text.len();
+    let mut b = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, metrics::CONTENT_TYPE)
+        .header(header::CACHE_CONTROL, "no-store");
+    if head {
+        b = b.header(header::CONTENT_LENGTH, len);
+    }
+    let body = if head {
+        Bytes::new()
+    } else {
+        Bytes::from(text)
+    };
+    b.body(Full::new(body)).expect("static headers are valid")
+}
+
+/// The live descendants, as the supervisor counts them (drainit's helpers left
+/// out); `None` when `/proc` is not this PID namespace's or cannot be read.
+fn descendants_now(checks: &Checks) -> Option<usize> {
+    if !procs::is_own_namespace() {
+        return None;
+    }
+    let me = std::process::id() as i32;
+    // Not PID 1 and no child at all: nothing is below drainit (a subreaper).
+    if me != 1 && !crate::reaper::has_children() {
+        return Some(0);
+    }
+    procs::descendants(me, &checks.helper_pids())
+        .ok()
+        .map(|v| v.len())
 }

@@ -158,11 +158,22 @@ pub struct TeardownJson {
     pub error: Option<String>,
 }
 
-/// The exit report (one JSON object).
+/// The exit report (one JSON object), final or partial (DESIGN §12: written to
+/// the report file at T0 and at the forward, `"final":false`, so that a platform
+/// SIGKILL of drainit still leaves evidence).
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub drainit: &'static str,
+    /// `false` in a partial report (the drain is under way), `true` at exit.
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// drainit's exit code (in a partial report: none yet, shown as `null`).
+    #[serde(skip)]
     pub exit_code: i32,
+    /// What the JSON shows as `exit_code`: `exit_code`, or `null` when partial.
+    #[serde(rename = "exit_code")]
+    exit_code_json: Option<i32>,
+    /// `drained`, `abandoned`, …; `draining` or `stopping` in a partial report.
     pub reason: &'static str,
     /// The first drain signal received (before rewriting); null without one.
     pub signal: Option<String>,
@@ -197,9 +208,12 @@ pub fn drain_json(t: &Timeline, ledger: &Ledger) -> DrainJson {
     }
 }
 
-/// Everything the supervisor knows at exit.
+/// Everything the supervisor knows at exit, or so far.
 pub struct Facts<'a> {
-    pub outcome: Outcome,
+    /// `None` for a partial report: the drain is under way, in `phase`.
+    pub outcome: Option<Outcome>,
+    /// The phase now (for a partial report's `reason`).
+    pub phase: crate::drain::Phase,
     pub signal: Option<Signal>,
     pub child_pid: i32,
     pub child_exit: Option<ChildExit>,
@@ -210,7 +224,9 @@ pub struct Facts<'a> {
 }
 
 impl Report {
-    /// The report of a run whose child was spawned.
+    /// The report of a run whose child was spawned: final when `f.outcome` is
+    /// known, partial (`"final":false`, `exit_code` null, `reason` the phase)
+    /// otherwise.
     pub fn from_facts(f: Facts<'_>) -> Report {
         let body = drain_json(&f.timeline, f.ledger);
         let (drain, stop) = if f.signal.is_some() {
@@ -220,8 +236,10 @@ impl Report {
         };
         Report {
             drainit: "exit",
-            exit_code: f.outcome.code,
-            reason: f.outcome.reason.as_str(),
+            is_final: f.outcome.is_some(),
+            exit_code: f.outcome.map_or(0, |o| o.code),
+            exit_code_json: f.outcome.map(|o| o.code),
+            reason: f.outcome.map_or(f.phase.as_str(), |o| o.reason.as_str()),
             signal: f.signal.map(|s| s.to_string()),
             child: Some(ChildJson {
                 pid: f.child_pid,
@@ -240,7 +258,9 @@ impl Report {
     pub fn spawn_failed(code: i32, error: String) -> Report {
         Report {
             drainit: "exit",
+            is_final: true,
             exit_code: code,
+            exit_code_json: Some(code),
             reason: "spawn_failed",
             signal: None,
             child: None,
@@ -273,6 +293,26 @@ impl Report {
         }
         logging::write_final(&line, logging::FINAL_WRITE_BOUND);
     }
+
+    /// Writes a partial report to the report file `path`, replacing the previous
+    /// one, and nothing to stderr. Only a regular file (or one that does not exist
+    /// yet, or a symlink to one) gets it: a fifo or a device such as
+    /// `/dev/stderr` is a stream whose reader expects one report, the final one.
+    /// Not synced to disk: it is evidence against a SIGKILL of drainit, not
+    /// against a power loss, and the loop must not wait on the disk mid-drain.
+    /// Errors are logged at debug level (the final write logs its own).
+    pub fn write_partial(&self, path: &Path) {
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => return,
+            _ => {}
+        }
+        if let Err(e) = write_file_with(path, self.to_json().as_bytes(), false) {
+            log::debug!(
+                "writing the partial report to {} failed: {e}",
+                path.display()
+            );
+        }
+    }
 }
 
 /// Writes `bytes` and a newline to the report file `path`.
@@ -289,12 +329,17 @@ impl Report {
 /// # Errors
 /// Both ways failed; the error is the last one's.
 pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_file_with(path, bytes, true)
+}
+
+/// [`write_file`], synced to disk or not.
+fn write_file_with(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let existing = std::fs::symlink_metadata(path).ok();
     if existing.as_ref().is_some_and(|m| !m.file_type().is_file()) {
-        return write_in_place(path, bytes);
+        return write_in_place(path, bytes, sync);
     }
-    match write_atomic(path, bytes) {
-        Err(e) if existing.is_some() && may_write_in_place(&e) => write_in_place(path, bytes),
+    match atomic(path, bytes, sync) {
+        Err(e) if existing.is_some() && may_write_in_place(&e) => write_in_place(path, bytes, sync),
         r => r,
     }
 }
@@ -312,7 +357,7 @@ fn may_write_in_place(e: &std::io::Error) -> bool {
 ///
 /// The open is non-blocking so that a fifo with no reader fails at once (`ENXIO`)
 /// instead of hanging drainit's exit; the write itself is blocking again.
-fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_in_place(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -326,7 +371,7 @@ fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     all.extend_from_slice(bytes);
     all.push(b'\n');
     f.write_all(&all)?;
-    if f.metadata()?.file_type().is_file() {
+    if sync && f.metadata()?.file_type().is_file() {
         f.sync_all()?;
     }
     Ok(())
@@ -339,6 +384,10 @@ fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// # Errors
 /// Creating, writing, syncing or renaming the temporary file failed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    atomic(path, bytes, true)
+}
+
+fn atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -352,7 +401,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.write_all(b"\n")?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {

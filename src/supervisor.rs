@@ -24,6 +24,7 @@ use tokio::sync::{oneshot, watch};
 use crate::checks::{self, Checks};
 use crate::config::{Config, DelayRule, ForwardTo};
 use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy};
+use crate::metrics;
 use crate::probe::Published;
 use crate::procs;
 use crate::reaper::Reaper;
@@ -77,6 +78,13 @@ pub struct Supervisor {
     step: Option<Step>,
     steps_done: Vec<StepDone>,
     outcome: Option<Outcome>,
+    /// When the next drain progress line is due (from `epoch`); `None` outside
+    /// beat 3 (no timer runs while idle).
+    progress_at: Option<Duration>,
+    /// A partial report is due in the report file once the current action list
+    /// is carried out (at T0 and at the forward: after the forward, never before
+    /// it, so the disk never delays a signal).
+    partial_due: bool,
 }
 
 impl Supervisor {
@@ -155,6 +163,8 @@ impl Supervisor {
             step: None,
             steps_done: Vec::new(),
             outcome: None,
+            progress_at: None,
+            partial_due: false,
         }
     }
 
@@ -177,6 +187,12 @@ impl Supervisor {
                 .next_deadline()
                 .map(|at| tokio::time::Instant::from_std(self.epoch + at));
             let polling = self.outsiders && self.drain.waits_for_descendants();
+            if !self.drain.awaits_deadline() {
+                self.progress_at = None;
+            }
+            let progress = self
+                .progress_at
+                .map(|at| tokio::time::Instant::from_std(self.epoch + at));
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
@@ -187,6 +203,7 @@ impl Supervisor {
                     _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
                     exit = wait_step(step_rx) => Woke::StepExited(exit),
                     _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
+                    _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
                     _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
                 }
             };
@@ -216,7 +233,10 @@ impl Supervisor {
                     for r in received {
                         if r.signal == Signal::CHLD {
                             chld = true;
-                        } else if r.signal.is_reserved() {
+                            continue;
+                        }
+                        metrics::signal_received(&r.signal.to_string());
+                        if r.signal.is_reserved() {
                             log::warn!(
                                 "ignored signal {} from pid {}: the C library keeps it for itself",
                                 r.signal,
@@ -247,6 +267,7 @@ impl Supervisor {
                 }
                 Woke::StepExited(exit) => self.finish_step(exit),
                 Woke::Tick => self.queue.push_back(Event::Tick),
+                Woke::Progress => self.log_progress(),
                 Woke::Poll => self.check_descendants(false),
             }
             self.process();
@@ -269,6 +290,69 @@ impl Supervisor {
             self.sampled = None;
         }
         self.publish();
+        if std::mem::take(&mut self.partial_due)
+            && self.outcome.is_none()
+            && let Some(path) = &self.cfg.report_file
+        {
+            self.partial_report().write_partial(path);
+        }
+    }
+
+    /// About once a second in beat 3 (or the stop window), while anything is
+    /// left: how many processes, the first few `pid comm`, and the time to the
+    /// SIGKILL deadline (DESIGN §12). A 12 s wait must not be silent.
+    fn log_progress(&mut self) {
+        self.progress_at = None;
+        if !self.drain.awaits_deadline() {
+            return;
+        }
+        let now = self.now();
+        self.progress_at = Some(now + PROGRESS_EVERY);
+        // An unreadable /proc was logged by `descendants`; the next line retries.
+        let Some(left) = self.descendants() else {
+            return;
+        };
+        if left.is_empty() {
+            return;
+        }
+        let mut named: Vec<String> = left
+            .iter()
+            .take(PROGRESS_NAMED)
+            .map(|p| format!("{} {}", p.pid, p.comm))
+            .collect();
+        if left.len() > PROGRESS_NAMED {
+            named.push(format!("and {} more", left.len() - PROGRESS_NAMED));
+        }
+        let to_deadline = self
+            .drain
+            .timeline()
+            .deadline
+            .unwrap_or_default()
+            .saturating_sub(now);
+        // Whole tenths of a second: "1.9s", not "1.873s".
+        let to_deadline = Duration::from_millis(to_deadline.as_millis() as u64 / 100 * 100);
+        log::info!(
+            "{}: {} process(es) left ({}); SIGKILL in {}",
+            self.drain.phase().as_str(),
+            left.len(),
+            named.join(", "),
+            checks::fmt_ms(to_deadline)
+        );
+    }
+
+    /// The report so far, for the report file (`"final":false`).
+    fn partial_report(&self) -> Report {
+        Report::from_facts(Facts {
+            outcome: None,
+            phase: self.drain.phase(),
+            signal: self.drain.drain_signal(),
+            child_pid: self.child_pid,
+            child_exit: self.drain.child_exit(),
+            timeline: self.drain.timeline(),
+            ledger: &self.ledger,
+            teardown: Vec::new(),
+            orphans: self.reaper.borrow().orphans(),
+        })
     }
 
     fn publish(&self) {
@@ -339,6 +423,7 @@ impl Supervisor {
                 if self.child_alive {
                     log::debug!("forwarding {sig} to {}", self.forward_target());
                     self.send(self.forward_target(), sig);
+                    metrics::signal_forwarded(&sig.to_string());
                 } else if self.cfg.forward_to == ForwardTo::Group
                     && self
                         .descendants()
@@ -348,6 +433,7 @@ impl Supervisor {
                     // not reused while a member exists, and a member was just seen).
                     log::debug!("forwarding {sig} to process group {}", self.child_pid);
                     self.send(-self.child_pid, sig);
+                    metrics::signal_forwarded(&sig.to_string());
                 } else {
                     log::debug!("{sig} not forwarded: the main child is gone");
                 }
@@ -357,6 +443,8 @@ impl Supervisor {
                 self.sampled = Some(alive.clone());
                 self.ledger.sample(alive.iter().map(procs::Proc::id));
                 let t = self.drain.timeline();
+                // Evidence for a platform that SIGKILLs drainit mid-drain.
+                self.partial_due = self.drain.drain_signal().is_some();
                 match self.drain.drain_signal() {
                     Some(sig) => log::info!(
                         "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
@@ -392,6 +480,9 @@ impl Supervisor {
                     target.abs()
                 );
                 self.send(target, sig);
+                metrics::signal_forwarded(&sig.to_string());
+                self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
+                self.partial_due = true;
                 if stopped {
                     // A stopped process cannot act on the drain signal: wake it, as
                     // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
@@ -400,6 +491,9 @@ impl Supervisor {
             }
             Action::SignalRemaining(sig) => {
                 self.signal_remaining(sig);
+                self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
+                // At the forward when the main child went during the delay.
+                self.partial_due |= self.drain.drain_signal().is_some();
             }
             Action::KillAll => self.kill_all(),
             Action::StartTeardown(i) => {
@@ -438,6 +532,7 @@ impl Supervisor {
             if self.signalled.insert(p.id()) {
                 log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
                 self.send(p.pid, sig);
+                metrics::signal_forwarded(&sig.to_string());
                 if p.stopped {
                     self.send(p.pid, Signal::CONT);
                 }
@@ -569,6 +664,9 @@ impl Supervisor {
         for (pid, _) in &round.orphans {
             self.ledger.ended(*pid);
         }
+        if !round.orphans.is_empty() {
+            metrics::set_orphans_reaped(self.reaper.borrow().orphans());
+        }
         if let Some(exit) = round.main {
             self.main_exited(exit);
         }
@@ -656,7 +754,8 @@ impl Supervisor {
         }
         log::info!("exit {} ({})", outcome.code, outcome.reason.as_str());
         Report::from_facts(Facts {
-            outcome,
+            outcome: Some(outcome),
+            phase: self.drain.phase(),
             signal: self.drain.drain_signal(),
             child_pid: self.child_pid,
             child_exit: self.drain.child_exit(),
@@ -679,8 +778,14 @@ enum Woke {
     Ready,
     StepExited(Option<ChildExit>),
     Tick,
+    Progress,
     Poll,
 }
+
+/// How often a drain progress line is logged while processes remain.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How many `pid comm` a progress line names.
+const PROGRESS_NAMED: usize = 5;
 
 /// How often `/proc` is read while processes from outside the namespace remain in
 /// a drain (their end raises no SIGCHLD in drainit). Never while idle.
