@@ -94,3 +94,142 @@ fn forking_chain(mode: Mode) {
         assert!(left.is_empty(), "{mode:?}: still running: {left:?}");
     }
 }
+
+/// An app with a large tree: `ZOMBIES` children that exited and are never reaped,
+/// `LIVE` children that sleep, and an app that logs SIGTERM and carries on.
+const BIG_TREE: &str = r#"
+import os, signal, time
+mark = os.environ["MARK"]
+def log(s):
+    with open(mark, "a") as f:
+        f.write("%s t=%d\n" % (s, int(time.time() * 1000)))
+for _ in range(int(os.environ["LIVE"])):
+    if os.fork() == 0:
+        while True:
+            time.sleep(60)
+zombies = []
+for _ in range(int(os.environ["ZOMBIES"])):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    zombies.append(pid)
+for pid in zombies:  # every one has exited before "started"
+    while open("/proc/%d/stat" % pid).read().rsplit(") ", 1)[1][0] != "Z":
+        time.sleep(0.001)
+signal.signal(signal.SIGTERM, lambda s, f: log("app: got SIGTERM"))
+log("app: started pid=%d" % os.getpid())
+while True:
+    time.sleep(0.05)
+"#;
+
+/// Item 5 of issue 13: in a large tree the forward comes at its time and the
+/// SIGKILL at the deadline, and the report's times are the times the signals were
+/// sent. Before the fix every walk read every zombie (and its children) before
+/// the signal, the report stamped the forward before that walk, and the kill
+/// walked the tree three times before its first SIGKILL.
+fn big_tree(mode: Mode) {
+    const ZOMBIES: usize = 3000;
+    const LIVE: usize = 100;
+    let zombies = ZOMBIES.to_string();
+    let live = LIVE.to_string();
+    let mut r = Running::start_with(Start {
+        mode,
+        launch: &[],
+        args: &[
+            OFF,
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "1500ms",
+            "--",
+            python(),
+            "-c",
+            BIG_TREE,
+        ],
+        env: &[("ZOMBIES", &zombies), ("LIVE", &live)],
+    });
+    assert!(
+        r.wait_mark("app: started", secs(60)),
+        "{mode:?}: the app did not start\n{}",
+        r.stderr_text()
+    );
+    let app: i32 = r.lines("app: started")[0]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let app_host = match mode {
+        Mode::Subreaper => app,
+        Mode::Pid1 => r.child_running("python3"),
+    };
+    r.signal(libc::SIGTERM);
+    let t0 = r.t0;
+    // The app's death, seen from outside (a SIGKILLed app logs nothing).
+    let died = wait_for(secs(15), || (!alive(app_host)).then(now_ms)).expect("the app never died");
+    let (rc, _) = r.wait(secs(30));
+    let rep = r.report();
+    assert_eq!(rc, 2, "{mode:?}: {rep}\n{}", r.stderr_text());
+    assert_eq!(text(&rep, "reason"), "abandoned", "{mode:?}: {rep}");
+    // The app and its live children were killed; its zombies had ended by
+    // themselves and are not abandoned.
+    assert_eq!(
+        num(&rep, "drain.abandoned"),
+        LIVE as i64 + 1,
+        "{mode:?}: {rep}"
+    );
+    assert_eq!(
+        num(&rep, "drain.in_flight_at_start"),
+        LIVE as i64 + 1,
+        "{mode:?}: {rep}"
+    );
+    assert!(
+        num(&rep, "orphans_reaped") >= ZOMBIES as i64,
+        "{mode:?}: {rep}"
+    );
+    // What the app saw: the forward within 100 ms of T0, the SIGKILL within 100 ms
+    // of the deadline (plus 300 ms: the test's clock starts before `kill` is
+    // run, the app is Python, its death is polled).
+    let deadline = num(&rep, "drain.deadline_ms");
+    let got = r
+        .mark_t("app: got SIGTERM")
+        .expect("the app got no SIGTERM");
+    let seen_forward = got.saturating_sub(t0) as i64;
+    assert!(
+        seen_forward <= 400,
+        "{mode:?}: the app got SIGTERM {seen_forward} ms after T0: {}",
+        r.stderr_text()
+    );
+    let seen_kill = died.saturating_sub(t0) as i64;
+    assert!(
+        seen_kill <= deadline + 400,
+        "{mode:?}: the app died {seen_kill} ms after T0, deadline {deadline} ms: {}",
+        r.stderr_text()
+    );
+    // The report's times are the times the signals were sent.
+    let forwarded = num(&rep, "drain.forwarded_at_ms");
+    let killed = num(&rep, "drain.killed_at_ms");
+    assert!(
+        forwarded <= 100,
+        "{mode:?}: forwarded at {forwarded} ms: {rep}"
+    );
+    assert!(
+        (deadline..=deadline + 100).contains(&killed),
+        "{mode:?}: killed at {killed} ms, deadline {deadline} ms: {rep}"
+    );
+    assert!(
+        seen_forward <= forwarded + 300 && seen_kill <= killed + 300,
+        "{mode:?}: the app saw the forward at {seen_forward} ms and died at {seen_kill} ms; \
+         the report says {forwarded} and {killed} ms"
+    );
+}
+
+#[test]
+fn a_large_tree_is_forwarded_and_killed_on_time_subreaper() {
+    big_tree(Mode::Subreaper);
+}
+
+#[test]
+fn a_large_tree_is_forwarded_and_killed_on_time_pid1() {
+    big_tree(Mode::Pid1);
+}
