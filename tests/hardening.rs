@@ -233,3 +233,154 @@ fn a_large_tree_is_forwarded_and_killed_on_time_subreaper() {
 fn a_large_tree_is_forwarded_and_killed_on_time_pid1() {
     big_tree(Mode::Pid1);
 }
+
+/// An app speaking sd_notify: `READY=1`, then one mark line per SIGUSR1, and a
+/// clean exit on SIGTERM.
+const NOTIFY_APP: &str = r#"
+import os, signal, socket, time
+mark = os.environ["MARK"]
+def log(s):
+    with open(mark, "a") as f:
+        f.write("%s t=%d\n" % (s, int(time.time() * 1000)))
+addr = os.environ["NOTIFY_SOCKET"]
+signal.signal(signal.SIGUSR1, lambda s, f: log("app: got SIGUSR1"))
+def term(s, f):
+    log("app: got SIGTERM")
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.sendto(b"READY=1", "\0" + addr[1:])
+log("app: started sock=%s" % addr)
+while True:
+    time.sleep(0.05)
+"#;
+
+/// Floods an abstract datagram socket from outside drainit's tree, ignoring a
+/// full queue, until killed: two senders at the bottom of a chain of 40
+/// processes (a deep parent chain is what made each datagram expensive to reject).
+const FLOODER: &str = r#"
+import os, socket, sys
+for _ in range(40):
+    if os.fork() > 0:
+        os.wait()
+        os._exit(0)
+os.fork()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setblocking(False)
+addr = "\0" + sys.argv[1][1:]
+msg = b"READY=1\nSTATUS=flood\nWATCHDOG=trigger"
+while True:
+    try:
+        s.sendto(msg, addr)
+    except (BlockingIOError, ConnectionRefusedError):
+        pass
+"#;
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Item 3 of issue 13: a process outside the child's tree that floods the notify
+/// socket starves nothing. Before the fix the receive loop read until the queue
+/// was empty, walking the sender's `/proc` parent chain for every datagram, and
+/// a flood kept it from ever being empty: signals were not forwarded, probes not
+/// answered, the drain not run.
+#[test]
+fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_drain() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            "--probe-addr",
+            &addr,
+            "--ready-notify",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "5s",
+            "--",
+            python(),
+            "-c",
+            NOTIFY_APP,
+        ],
+    );
+    assert!(r.wait_mark("app: started", secs(10)), "{}", r.stderr_text());
+    let sock = r.lines("app: started")[0]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("sock="))
+        .unwrap()
+        .to_string();
+    assert!(
+        wait_for(secs(5), || (http(port, "/readyz", "GET").0 == 200)
+            .then_some(()))
+        .is_some(),
+        "never ready: {}",
+        r.stderr_text()
+    );
+    // The flooder: a child of the test, not of drainit, in the same namespaces.
+    let mut flooder = std::process::Command::new(python())
+        .args(["-c", FLOODER, &sock])
+        .env("DRAINIT_TEST_TMP", r.tmp.path())
+        .spawn()
+        .expect("start the flooder");
+    std::thread::sleep(Duration::from_millis(300));
+    // Forwarding under the flood: SIGUSR1 to drainit, until the app logs it.
+    let mut latencies = Vec::new();
+    for i in 1..=20 {
+        let sent = now_ms();
+        // SAFETY: kill(2) with a pid this test started.
+        assert_eq!(unsafe { libc::kill(r.pid, libc::SIGUSR1) }, 0);
+        let seen = wait_for(secs(3), || (r.count("app: got SIGUSR1") >= i).then_some(()));
+        assert!(
+            seen.is_some(),
+            "SIGUSR1 #{i} not forwarded within 3 s under the flood\n{}",
+            r.stderr_text()
+        );
+        let t: u64 = r.lines("app: got SIGUSR1")[i - 1]
+            .rsplit_once(" t=")
+            .unwrap()
+            .1
+            .parse()
+            .unwrap();
+        latencies.push(t.saturating_sub(sent));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The probes under the flood.
+    let mut probes = Vec::new();
+    for _ in 0..10 {
+        let sent = std::time::Instant::now();
+        let (code, _, body) = http(port, "/healthz", "GET");
+        probes.push(sent.elapsed().as_millis() as u64);
+        // The flooder's WATCHDOG=trigger and STATUS= were not taken.
+        assert_eq!(code, 200, "{body}");
+    }
+    let (_, _, body) = http(port, "/readyz", "GET");
+    assert!(
+        !body.contains("flood"),
+        "an outsider's STATUS= was taken: {body}"
+    );
+    // The drain under the flood: 503 at once, then a clean exit.
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(10));
+    let _ = flooder.kill();
+    let _ = flooder.wait();
+    let rep = r.report();
+    assert_eq!(rc, 0, "{rep}\n{}", r.stderr_text());
+    assert_eq!(text(&rep, "reason"), "drained", "{rep}");
+    assert!(num(&rep, "drain.forwarded_at_ms") <= 100, "{rep}");
+    assert!(elapsed < 3000, "the drain took {elapsed} ms");
+    let (fwd, probe) = (median(latencies.clone()), median(probes.clone()));
+    eprintln!(
+        "under the flood: forward p50 {fwd} ms {latencies:?}; /healthz p50 {probe} ms {probes:?}"
+    );
+    assert!(
+        fwd <= 50,
+        "forwarding p50 {fwd} ms under the flood: {latencies:?}"
+    );
+    assert!(
+        probe <= 100,
+        "/healthz p50 {probe} ms under the flood: {probes:?}"
+    );
+}
