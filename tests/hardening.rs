@@ -384,3 +384,96 @@ fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_dr
         "/healthz p50 {probe} ms under the flood: {probes:?}"
     );
 }
+
+/// A setuid-root program: it takes every uid (so that its unprivileged parent may
+/// no longer signal it), ignores SIGTERM and waits.
+const ROOTED_C: &str = r#"
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(void) {
+    if (setresuid(0, 0, 0) != 0) return 1;
+    signal(SIGTERM, SIG_IGN);
+    FILE *f = fopen(getenv("MARK"), "a");
+    if (!f) return 1;
+    fprintf(f, "rooted: started pid=%d\n", getpid());
+    fclose(f);
+    for (;;) pause();
+}
+"#;
+
+/// The unkillable outcome of issue 13: drainit (here as an unprivileged user)
+/// cannot SIGKILL a process that took root's uids (`EPERM`). It is reported
+/// `unkillable`, not `abandoned` (it was not killed: it runs on), logged once,
+/// and the drain is not clean (exit 2).
+#[test]
+fn a_process_drainit_may_not_signal_is_unkillable_not_abandoned() {
+    let build = TmpDir::new("rooted");
+    let src = build.join("rooted.c");
+    let bin = build.join("rooted");
+    fs::write(&src, ROOTED_C).unwrap();
+    let out = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("cc (gcc) is needed to build the setuid fixture");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::set_permissions(build.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let script = format!("{} & exec sleep 30", bin.display());
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--user", "65534"],
+        args: &[
+            OFF,
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        env: &[],
+    });
+    fs::set_permissions(&r.mark, fs::Permissions::from_mode(0o666)).unwrap();
+    assert!(
+        r.wait_mark("rooted: started", secs(10)),
+        "{}",
+        r.stderr_text()
+    );
+    let rooted: i64 = r.lines("rooted: started")[0]
+        .rsplit_once("pid=")
+        .unwrap()
+        .1
+        .trim()
+        .parse()
+        .unwrap();
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(10));
+    let rep = r.report();
+    let stderr = r.stderr_text();
+    assert!(alive(rooted as i32), "the setuid process should still run");
+    common::kill(rooted as i32, 9);
+    assert_eq!(rc, 2, "{rep}\n{stderr}");
+    assert_eq!(text(&rep, "reason"), "unkillable", "{rep}");
+    assert_eq!(rep["abandoned"].as_array().unwrap().len(), 0, "{rep}");
+    assert_eq!(num(&rep, "drain.abandoned"), 0, "{rep}");
+    assert_eq!(num(&rep, "drain.unkillable"), 1, "{rep}");
+    assert_eq!(rep["unkillable"][0]["pid"].as_i64(), Some(rooted), "{rep}");
+    assert_eq!(rep["unkillable"][0]["comm"], "rooted", "{rep}");
+    assert_eq!(
+        stderr.matches("cannot kill").count(),
+        1,
+        "logged once:\n{stderr}"
+    );
+}
