@@ -86,6 +86,11 @@ pub struct Supervisor {
     /// The drain's SIGKILL was sent and its settle runs: what is still found alive
     /// (a process forked as its parent was killed) is killed too.
     killing: bool,
+    /// The last reap round was full: another runs once the other wake-ups (a
+    /// signal, a deadline) had their turn.
+    reap_more: bool,
+    /// How the kill settles: see [`Supervisor::still_dying`].
+    settle: Option<Settle>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
@@ -165,6 +170,8 @@ impl Supervisor {
             sampled: None,
             sample_due: None,
             killing: false,
+            reap_more: false,
+            settle: None,
             queue,
             ready_rx,
             step: None,
@@ -187,11 +194,23 @@ impl Supervisor {
     pub async fn run(mut self) -> Report {
         self.process();
         while self.outcome.is_none() {
-            let deadline = self
-                .drain
-                .next_deadline()
-                .map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let mut deadline = self.drain.next_deadline().map(|at| self.epoch + at);
+            // While killed processes are still dying and being reaped, the kill's
+            // settle time does not run out: thousands killed at once take the
+            // kernel more than a second to tear down on a small machine, and their
+            // statuses (the main child's among them) are on their way. A process
+            // that cannot die (uninterruptible sleep) stops the reaps, and the
+            // settle time runs out as before.
+            if self.killing && self.drain.waits_for_descendants() {
+                if self.reap_more {
+                    deadline = None;
+                } else if let Some(floor) = self.settle.as_ref().map(|s| s.floor) {
+                    deadline = deadline.map(|d| d.max(floor));
+                }
+            }
+            let deadline = deadline.map(tokio::time::Instant::from_std);
             let polling = self.outsiders && self.drain.waits_for_descendants();
+            let reaping = self.reap_more;
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
@@ -203,6 +222,7 @@ impl Supervisor {
                     exit = wait_step(step_rx) => Woke::StepExited(exit),
                     _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
                     _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
+                    () = tokio::task::yield_now(), if reaping => Woke::Reap,
                 }
             };
             match woke {
@@ -257,8 +277,13 @@ impl Supervisor {
                     self.queue.push_back(Event::ReadinessPassed);
                 }
                 Woke::StepExited(exit) => self.finish_step(exit),
-                Woke::Tick => self.queue.push_back(Event::Tick),
+                Woke::Tick => {
+                    if !self.still_dying() {
+                        self.queue.push_back(Event::Tick);
+                    }
+                }
                 Woke::Poll => self.check_descendants(false),
+                Woke::Reap => self.on_sigchld(),
             }
             self.process();
         }
@@ -521,6 +546,36 @@ impl Supervisor {
         }
     }
 
+    /// At the end of the kill's settle time: whether the killed processes are still
+    /// dying (fewer alive than at the last look, and some left), in which case the
+    /// settle is extended instead of ending. A process that cannot die
+    /// (uninterruptible sleep) makes no progress: the settle ends as before.
+    fn still_dying(&mut self) -> bool {
+        if !(self.killing && self.drain.waits_for_descendants()) {
+            return false;
+        }
+        let Some(settle) = self.settle.as_ref() else {
+            return false;
+        };
+        let now = Instant::now();
+        if now < settle.floor || now >= settle.killed_at + SETTLE_MAX {
+            return now < settle.floor;
+        }
+        let prev = settle.alive;
+        let Some(alive) = self.descendants().map(|v| v.len()) else {
+            return false;
+        };
+        let settle = self.settle.as_mut().expect("checked above");
+        settle.alive = alive;
+        if alive > 0 && alive < prev {
+            settle.floor = now + crate::drain::KILL_SETTLE;
+            log::info!("{alive} killed process(es) still dying; waiting for them");
+            true
+        } else {
+            false
+        }
+    }
+
     /// Every descendant alive now and not yet signalled by drainit gets the
     /// leftover signal. Called once, when the main child is gone (or at the
     /// forward, if it went during the pre-drain delay): processes created later
@@ -572,15 +627,19 @@ impl Supervisor {
         self.ledger.close();
         self.killing = true;
         let killed_at = self.now();
+        // The main child first (it is not reaped, so its pid and group are still
+        // its own): woken first, it tends to die first, and its status is what
+        // the report shows.
+        if self.child_alive {
+            self.send(self.child_pid, Signal::KILL);
+        }
         if self.is_pid1 {
             // As PID 1, -1 means every process of this PID namespace but drainit
             // (kill(2)); never used outside PID 1, where it would reach processes
             // drainit did not start.
             let _ = signals::send(-1, Signal::KILL);
         } else if self.child_alive {
-            // The main child is not reaped, so its pid and group are still its.
             self.send(-self.child_pid, Signal::KILL);
-            self.send(self.child_pid, Signal::KILL);
         }
         let mut killed = 0;
         let mut unkillable = 0;
@@ -618,6 +677,14 @@ impl Supervisor {
         if killed > 0 {
             self.drain.note_killed(killed_at);
             self.log_killed(killed);
+        }
+        if self.settle.is_none() {
+            let now = Instant::now();
+            self.settle = Some(Settle {
+                killed_at: now,
+                alive: killed,
+                floor: now,
+            });
         }
         if unkillable > 0 {
             self.queue.push_back(Event::Unkillable(unkillable));
@@ -697,6 +764,10 @@ impl Supervisor {
         };
         let (mut killed, mut unkillable) = (0, 0);
         for pid in children {
+            // Killed already (and unreaped, so still that process): no read.
+            if self.ledger.is_abandoned(pid) {
+                continue;
+            }
             let Some(p) = procs::stat_of(pid) else {
                 continue;
             };
@@ -810,7 +881,12 @@ impl Supervisor {
         if let Some(exit) = round.main {
             self.main_exited(exit);
         }
-        self.check_descendants(round.none_left);
+        self.reap_more = round.more;
+        // A full round left zombies of drainit's own to reap: nothing can be
+        // gone yet, and the next round comes at once.
+        if !round.more {
+            self.check_descendants(round.none_left);
+        }
     }
 
     /// While the drain waits for descendants: notice when none is left (proven,
@@ -847,6 +923,14 @@ impl Supervisor {
 
     fn report(&mut self) -> Report {
         let outcome = self.outcome.expect("run() returns only after Exit");
+        // What is left to reap is reaped and counted before the report.
+        while self.reap_more {
+            let round = self.reaper.borrow_mut().reap();
+            for (pid, _) in &round.orphans {
+                self.ledger.ended(*pid);
+            }
+            self.reap_more = round.more;
+        }
         if let Some(alive) = self.descendants() {
             let alive: HashSet<(i32, u64)> = alive.iter().map(procs::Proc::id).collect();
             self.ledger.settle(&alive);
@@ -915,7 +999,25 @@ enum Woke {
     StepExited(Option<ChildExit>),
     Tick,
     Poll,
+    /// The next reap round (the last one was full).
+    Reap,
 }
+
+/// The kill's settle, as the driver extends it.
+struct Settle {
+    /// When the SIGKILL was sent.
+    killed_at: Instant,
+    /// Live descendants at the last look (at the kill: those it killed).
+    alive: usize,
+    /// The settle does not run out before this instant.
+    floor: Instant,
+}
+
+/// Thousands of processes killed at once take the kernel more than the settle
+/// time to tear down on a small machine: while their number keeps falling, the
+/// settle is extended by [`crate::drain::KILL_SETTLE`] at a time, up to this long
+/// after the kill.
+const SETTLE_MAX: Duration = Duration::from_secs(10);
 
 /// How often `/proc` is read while processes from outside the namespace remain in
 /// a drain (their end raises no SIGCHLD in drainit). Never while idle.
