@@ -19,7 +19,7 @@
 //! takes tens of milliseconds to read), and the report's times are the instants
 //! the signals were sent. "No descendant left" is proven, never inferred from a
 //! walk that may miss a process forked while its parent exited
-//! ([`Supervisor::nothing_left`]).
+//! (`Supervisor::nothing_left`).
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -89,7 +89,7 @@ pub struct Supervisor {
     /// The last reap round was full: another runs once the other wake-ups (a
     /// signal, a deadline) had their turn.
     reap_more: bool,
-    /// How the kill settles: see [`Supervisor::still_dying`].
+    /// How the kill settles: see `Supervisor::still_dying`.
     settle: Option<Settle>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
@@ -890,7 +890,7 @@ impl Supervisor {
     }
 
     /// While the drain waits for descendants: notice when none is left (proven,
-    /// see [`Supervisor::nothing_left`]); while a kill settles, kill what is
+    /// see `Supervisor::nothing_left`); while a kill settles, kill what is
     /// still there. `none_left`: the reaper saw `ECHILD`.
     ///
     /// Checking on SIGCHLD is enough: the last descendant to end is always a child
