@@ -12,6 +12,14 @@ use std::time::Duration;
 
 use common::*;
 
+/// The tests of this file run one at a time: each loads the 2-core machine (a fork
+/// loop, thousands of processes, a flood), and the flood test measures latency.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The live processes (not zombies) that carry this test's marker: whatever of
 /// the test's tree is still running.
 fn marked_alive(dir: &Path) -> Vec<i32> {
@@ -52,11 +60,13 @@ while True:
 /// chain forked on after drainit exited.
 #[test]
 fn a_tree_that_keeps_forking_and_exiting_is_killed_at_the_deadline_not_drained_subreaper() {
+    let _serial = one_at_a_time();
     forking_chain(Mode::Subreaper);
 }
 
 #[test]
 fn a_tree_that_keeps_forking_and_exiting_is_killed_at_the_deadline_not_drained_pid1() {
+    let _serial = one_at_a_time();
     forking_chain(Mode::Pid1);
 }
 
@@ -226,11 +236,13 @@ fn big_tree(mode: Mode) {
 
 #[test]
 fn a_large_tree_is_forwarded_and_killed_on_time_subreaper() {
+    let _serial = one_at_a_time();
     big_tree(Mode::Subreaper);
 }
 
 #[test]
 fn a_large_tree_is_forwarded_and_killed_on_time_pid1() {
+    let _serial = one_at_a_time();
     big_tree(Mode::Pid1);
 }
 
@@ -288,6 +300,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 /// answered, the drain not run.
 #[test]
 fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_drain() {
+    let _serial = one_at_a_time();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut r = Running::start(
@@ -410,6 +423,7 @@ int main(void) {
 /// and the drain is not clean (exit 2).
 #[test]
 fn a_process_drainit_may_not_signal_is_unkillable_not_abandoned() {
+    let _serial = one_at_a_time();
     let build = TmpDir::new("rooted");
     let src = build.join("rooted.c");
     let bin = build.join("rooted");
