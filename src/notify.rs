@@ -25,7 +25,8 @@
 //! **Floods.** Since anything in the network namespace can reach the socket (it is
 //! listed in `/proc/net/unix`), a stranger may flood it. No input may starve the
 //! loop this task shares with the supervisor and the probes: at most
-//! [`MAX_BATCH`] datagrams are read per wake-up, then the task yields; a sender
+//! [`MAX_BATCH`] datagrams are read per wake-up, then the task yields (and, after
+//! a batch from strangers only, pauses for a millisecond); a sender
 //! outside drainit's PID namespace (credentials pid 0) is rejected without
 //! reading `/proc`, and the parent-chain verdict for a sender pid is computed
 //! once per batch, so a flood from one process costs one `recvmsg` per datagram
@@ -73,6 +74,9 @@ const MAX_TREE_DEPTH: usize = 256;
 /// its thread (the supervisor, the probes): a flood costs them at most one batch
 /// of latency (a few hundred microseconds), never a starved loop.
 pub const MAX_BATCH: usize = 64;
+/// After a full batch of datagrams from outside the child's tree, how long the
+/// task waits before reading on: a flood then costs drainit a batch per pause.
+const FLOOD_PAUSE: Duration = Duration::from_millis(1);
 
 /// What one datagram says (sd_notify(3): newline-separated `KEY=VALUE` pairs;
 /// unknown keys are ignored).
@@ -367,11 +371,13 @@ impl AppSocket {
                     // full must not keep them waiting).
                     let mut verdicts = Verdicts::default();
                     let mut full = true;
+                    let mut taken = false;
                     for _ in 0..MAX_BATCH {
                         match sock.try_io(Interest::READABLE, || receive(sock.as_raw_fd(), &mut buf)) {
                             Ok(Some((pid, len))) => {
                                 if verdicts.in_tree(pid, app.child_pid, app.me) {
                                     app.on_datagram(&buf[..len]);
+                                    taken = true;
                                 }
                             }
                             Ok(None) => {}
@@ -386,7 +392,13 @@ impl AppSocket {
                             }
                         }
                     }
-                    if full {
+                    if full && !taken {
+                        // A whole batch from strangers: a flood. Pause before the
+                        // next one, so that the flood costs drainit a bounded share
+                        // of the CPU (the app and the probes need it too); the
+                        // queue waits in the kernel meanwhile.
+                        tokio::time::sleep(FLOOD_PAUSE).await;
+                    } else if full {
                         tokio::task::yield_now().await;
                     }
                 }
