@@ -630,8 +630,10 @@ impl Supervisor {
         // The main child first (it is not reaped, so its pid and group are still
         // its own): woken first, it tends to die first, and its status is what
         // the report shows.
+        // Failures are not logged here: the walk below finds each process still
+        // alive, kills it by pid and records (and logs, once) what it cannot kill.
         if self.child_alive {
-            self.send(self.child_pid, Signal::KILL);
+            let _ = signals::send(self.child_pid, Signal::KILL);
         }
         if self.is_pid1 {
             // As PID 1, -1 means every process of this PID namespace but drainit
@@ -639,7 +641,7 @@ impl Supervisor {
             // drainit did not start.
             let _ = signals::send(-1, Signal::KILL);
         } else if self.child_alive {
-            self.send(-self.child_pid, Signal::KILL);
+            let _ = signals::send(-self.child_pid, Signal::KILL);
         }
         let mut killed = 0;
         let mut unkillable = 0;
@@ -654,14 +656,26 @@ impl Supervisor {
                 None => {
                     // Unreadable /proc: what can still be reached is the main child
                     // and its group (and, as PID 1, everything, above).
-                    if self.child_alive
-                        && self.ledger.abandon(
-                            self.child_pid,
-                            procs::comm(self.child_pid).unwrap_or_default(),
-                        )
-                    {
-                        killed += 1;
-                        self.send(self.child_pid, Signal::KILL);
+                    // (Both were sent SIGKILL above; sent again, to learn the
+                    // outcome for the main child.)
+                    if self.child_alive {
+                        let comm = procs::comm(self.child_pid).unwrap_or_default();
+                        match signals::send(self.child_pid, Signal::KILL) {
+                            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                                if self.ledger.unkillable(self.child_pid, comm) {
+                                    unkillable += 1;
+                                    log::warn!(
+                                        "cannot kill the main child {}: not permitted; it is left running (unkillable)",
+                                        self.child_pid
+                                    );
+                                }
+                            }
+                            _ => {
+                                if self.ledger.abandon(self.child_pid, comm) {
+                                    killed += 1;
+                                }
+                            }
+                        }
                         self.send(-self.child_pid, Signal::KILL);
                     }
                     break;
@@ -748,7 +762,7 @@ impl Supervisor {
         // unreaped) also catch what forked between the read and the kill.
         for g in groups {
             if leaders.contains(&g) || (g == self.child_pid && self.child_alive) {
-                self.send(-g, Signal::KILL);
+                let _ = signals::send(-g, Signal::KILL);
             }
         }
         Some((killed, unkillable))
