@@ -115,8 +115,13 @@ pub enum Event {
     ChildExited(ChildExit),
     /// The main child is gone and no descendant is left.
     DescendantsGone,
-    /// The result of [`Action::KillAll`]: how many processes were SIGKILLed.
+    /// The result of [`Action::KillAll`]: how many processes were SIGKILLed (also
+    /// sent again while the kill settles, for what a kill round missed).
     Killed(usize),
+    /// Processes drainit could not signal (`EPERM`): they are neither completed nor
+    /// abandoned, and the drain is not clean. Sent before the [`Event::Killed`] of
+    /// the same round.
+    Unkillable(usize),
     /// The running teardown step ended; `ok` when it exited 0.
     TeardownExited { ok: bool },
     /// [`Drain::next_deadline`] has passed.
@@ -151,6 +156,9 @@ pub enum Action {
 pub enum Reason {
     Drained,
     Abandoned,
+    /// Nothing was abandoned, but a process drainit could not signal (`EPERM`)
+    /// was left running.
+    Unkillable,
     TeardownFailed,
     ChildExited,
     SpawnFailed,
@@ -161,6 +169,7 @@ impl Reason {
         match self {
             Reason::Drained => "drained",
             Reason::Abandoned => "abandoned",
+            Reason::Unkillable => "unkillable",
             Reason::TeardownFailed => "teardown_failed",
             Reason::ChildExited => "child_exited",
             Reason::SpawnFailed => "spawn_failed",
@@ -207,8 +216,12 @@ pub struct Timeline {
     pub t0: Option<At>,
     /// The pre-drain delay actually applied (zero when skipped).
     pub pre_drain_delay: Duration,
-    /// When the drain signal was sent on (beat 3).
+    /// When the drain signal was sent on (beat 3): the machine's instant, replaced
+    /// by the instant the signal was actually sent ([`Drain::note_forwarded`]).
     pub forwarded_at: Option<At>,
+    /// When the drain's SIGKILL was sent ([`Drain::note_killed`]); `None` when
+    /// nothing was killed.
+    pub killed_at: Option<At>,
     /// When every descendant was gone (or the kill settled).
     pub finished_at: Option<At>,
     /// The instant of the SIGKILL deadline.
@@ -250,6 +263,7 @@ pub struct Drain {
     child_exit: Option<ChildExit>,
     gone: bool,
     abandoned: usize,
+    unkillable: usize,
     timeline: Timeline,
     teardown: Vec<StepEnd>,
 }
@@ -269,6 +283,7 @@ impl Drain {
             child_exit: None,
             gone: false,
             abandoned: 0,
+            unkillable: 0,
             timeline: Timeline::default(),
             teardown: Vec::new(),
         }
@@ -295,6 +310,21 @@ impl Drain {
     /// signal).
     pub fn delay_why(&self) -> Option<DelayWhy> {
         self.delay_why
+    }
+
+    /// Records when the drain signal was actually sent (the driver sends it after
+    /// the machine decided, and the report gives the time of the signal).
+    pub fn note_forwarded(&mut self, at: At) {
+        if self.timeline.forwarded_at.is_some() {
+            self.timeline.forwarded_at = Some(at);
+        }
+    }
+
+    /// Records when the drain's first SIGKILL was sent (later kills keep it).
+    pub fn note_killed(&mut self, at: At) {
+        if self.timeline.t0.is_some() && self.timeline.killed_at.is_none() {
+            self.timeline.killed_at = Some(at);
+        }
     }
 
     /// How each teardown step ended, in order (steps not reached are absent).
@@ -368,6 +398,7 @@ impl Drain {
                     self.finish_drain(now, &mut out);
                 }
             }
+            Event::Unkillable(n) => self.unkillable += n,
             Event::Killed(n) => {
                 self.abandoned += n;
                 if self.wait == Wait::Sweep {
@@ -593,11 +624,17 @@ impl Drain {
     pub fn outcome(&self) -> Outcome {
         let teardown_failed = self.teardown.iter().any(|s| *s != StepEnd::Ok);
         let abandoned = self.abandoned > 0;
+        let unkillable = self.unkillable > 0;
         if self.drain_signal.is_some() {
             return if abandoned {
                 Outcome {
                     code: 2,
                     reason: Reason::Abandoned,
+                }
+            } else if unkillable {
+                Outcome {
+                    code: 2,
+                    reason: Reason::Unkillable,
                 }
             } else if teardown_failed {
                 Outcome {
@@ -616,6 +653,11 @@ impl Drain {
             Outcome {
                 code: 2,
                 reason: Reason::Abandoned,
+            }
+        } else if code == 0 && unkillable {
+            Outcome {
+                code: 2,
+                reason: Reason::Unkillable,
             }
         } else if code == 0 && teardown_failed {
             Outcome {
@@ -739,6 +781,43 @@ mod tests {
         let mut d = Drain::new(policy());
         d.handle(ms(0), TERM);
         assert_eq!(d.delay_why(), Some(DelayWhy::NeverReady));
+    }
+
+    #[test]
+    fn unkillable_work_is_not_clean_and_not_abandoned() {
+        let mut d = ready(policy());
+        d.handle(ms(0), TERM);
+        d.handle(ms(5000), Event::Tick);
+        d.note_forwarded(ms(5003));
+        d.handle(ms(5100), Event::ChildExited(ChildExit::Code(0)));
+        assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
+        d.note_killed(ms(25002));
+        d.note_killed(ms(25400)); // a later kill keeps the first instant
+        assert!(d.handle(ms(25002), Event::Unkillable(1)).is_empty());
+        d.handle(ms(25002), Event::Killed(0));
+        let a = d.handle(ms(26002), Event::Tick);
+        assert_eq!(
+            exit_of(&a),
+            Some(Outcome {
+                code: 2,
+                reason: Reason::Unkillable
+            })
+        );
+        let t = d.timeline();
+        assert_eq!(
+            (t.forwarded_at, t.killed_at),
+            (Some(ms(5003)), Some(ms(25002)))
+        );
+        // Abandoned work outranks it.
+        let mut d = ready(policy());
+        d.handle(ms(0), TERM);
+        d.handle(ms(5000), Event::Tick);
+        d.handle(ms(5100), Event::ChildExited(ChildExit::Code(0)));
+        d.handle(ms(25000), Event::Tick);
+        d.handle(ms(25000), Event::Unkillable(1));
+        d.handle(ms(25000), Event::Killed(2));
+        let a = d.handle(ms(25100), Event::DescendantsGone);
+        assert_eq!(exit_of(&a).map(|o| o.reason), Some(Reason::Abandoned));
     }
 
     #[test]

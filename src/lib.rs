@@ -11,8 +11,10 @@
 //! for has a parent chain that leads to drainit, and `/proc` finds them all, daemons
 //! that called `setsid` or double-forked included ([`procs`]).
 //!
-//! **Who waits.** Exactly one place calls `waitpid`: the [`reaper`], looped to
-//! exhaustion each time the loop reads SIGCHLD. Anything else that waits for a
+//! **Who waits.** Exactly one place calls `waitpid`: the [`reaper`], looped until
+//! nothing is left to reap each time the loop reads SIGCHLD, in batches (the next
+//! batch runs after the other wake-ups had their turn, so thousands of orphans
+//! re-parented at once hold no deadline and no signal). Anything else that waits for a
 //! process (the main child, exec checks, teardown steps) registers the pid first
 //! and gets the status on a channel. Anything reaped that nobody registered is an
 //! orphan and is counted in the report.
@@ -32,7 +34,12 @@
 //! has just seen alive and unreaped, in the same synchronous step, on the one
 //! runtime thread that also reaps: a pid is never signalled after it was reaped.
 //! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
-//! process of this PID namespace".
+//! process of this PID namespace". Signal first, account after: the forward and the
+//! SIGKILL are sent before any `/proc` walk that only counts (in a tree of
+//! thousands, a walk takes tens of milliseconds), descendants found by a walk are
+//! signalled as it finds them, and the report's times are the instants the signals
+//! were sent. A process drainit may not signal (`EPERM`) is *unkillable*: recorded
+//! apart from the abandoned ones, logged once, and the drain is not clean.
 //!
 //! **The drain timeline.** T0 is the first drain signal (TERM, INT, QUIT by
 //! default). Beat 1, in the same step that read the signal: the phase becomes
@@ -44,15 +51,31 @@
 //! it too, once; at T0 + delay + drain timeout whatever is left is SIGKILLed and
 //! counted *abandoned*. While beat 3 waits, a progress line each second says what
 //! is left; with `--report-file`, a partial report (`"final":false`) is written at
-//! T0 and at the forward, so a SIGKILL of drainit itself still leaves evidence. Then `stopping`: teardown steps, the exit report, the exit
-//! code (0 clean, 2 abandoned or teardown failed). The policy is the pure state
-//! machine in [`drain`]; the [`supervisor`] only drives it.
+//! T0 and at the forward, so a SIGKILL of drainit itself still leaves evidence.
+//! Then `stopping`: teardown steps, the exit report, the exit code (0 clean, 2
+//! abandoned, unkillable or teardown failed). The policy is the pure state machine
+//! in [`drain`]; the [`supervisor`] only drives it.
+//!
+//! **"No descendant left" is proven.** A `/proc` walk can miss a process forked
+//! just as its parent exits (the walk lists the parent, the parent is gone by the
+//! time it is read, the successor was never listed), so a walk that finds nothing
+//! proves nothing. The drain ends early only when drainit has no child but its
+//! helpers (the reaper's `ECHILD`, or its own list of children in `/proc`, which
+//! loses an entry only when drainit reaps it): every live descendant is reached
+//! through one of drainit's children, since an exiting parent's children are
+//! re-parented to drainit. As PID 1 the namespace is read as well, for processes
+//! that entered it from outside and are nobody's children here, and drainit's
+//! children read again after it. While the SIGKILL settles, what is found alive is
+//! killed too, so a tree that forks as it exits does not outlive drainit.
 //!
 //! **Probes and readiness.** The supervisor publishes the phase on a
 //! `tokio::sync::watch`; the [`probe`] server, the [`checks`] and the sd_notify
 //! tasks of [`notify`] are other tasks of the same thread that read it (notify also
 //! writes the app's own fields: `STATUS=`, `STOPPING=1`, the watchdog) and never
-//! hold anything the loop needs. Readiness first passes when every check and, with
+//! hold anything the loop needs. No input starves the loop: the notify task reads
+//! at most a batch of datagrams per wake-up, and a stranger flooding the (abstract,
+//! reachable) notify socket costs one `recvmsg` per datagram and one `/proc` check
+//! per sender per batch. Readiness first passes when every check and, with
 //! `--ready-notify`, the app's `READY=1` have passed; from then on `/readyz`
 //! re-evaluates the checks per request, concurrent requests sharing one evaluation.
 //! The probe server also answers `/metrics` (Prometheus text): counters that the

@@ -22,6 +22,20 @@
 //! is the main child or one of its descendants: an abstract socket is reachable by
 //! anything in the network namespace.
 //!
+//! **Floods.** Since anything in the network namespace can reach the socket (it is
+//! listed in `/proc/net/unix`), a stranger may flood it. No input may starve the
+//! loop this task shares with the supervisor and the probes: at most
+//! [`MAX_BATCH`] datagrams are read per wake-up, then the task yields (and, after
+//! a batch from strangers only, pauses for a millisecond); a sender
+//! outside drainit's PID namespace (credentials pid 0) is rejected without
+//! reading `/proc`, and the parent-chain verdict for a sender pid is computed
+//! once per batch, so a flood from one process costs one `recvmsg` per datagram
+//! and one `/proc` walk per batch. The socket stays abstract, a deliberate
+//! choice: a path in a private directory would keep out other users only (root
+//! and the same uid reach any path), needs a writable filesystem and leaves a
+//! node behind when drainit is SIGKILLed, while `NOTIFY_SOCKET` semantics are
+//! the same for both forms.
+//!
 //! **The watchdog.** `WATCHDOG_USEC` for the child is the one systemd gave drainit
 //! (when `WATCHDOG_PID` is unset or names drainit); otherwise the child gets none and
 //! the watchdog is off until the app sends `WATCHDOG_USEC=N` itself (`N` = 0 turns it
@@ -56,6 +70,13 @@ pub const MAX_DATAGRAM: usize = 4096;
 pub const MAX_STATUS_BYTES: usize = 256;
 /// How deep a sender's parent chain is followed to find drainit.
 const MAX_TREE_DEPTH: usize = 256;
+/// The most datagrams read per wake-up before the task yields to the others on
+/// its thread (the supervisor, the probes): a flood costs them at most one batch
+/// of latency (a few hundred microseconds), never a starved loop.
+pub const MAX_BATCH: usize = 64;
+/// After a full batch of datagrams from outside the child's tree, how long the
+/// task waits before reading on: a flood then costs drainit a batch per pause.
+const FLOOD_PAUSE: Duration = Duration::from_millis(1);
 
 /// What one datagram says (sd_notify(3): newline-separated `KEY=VALUE` pairs;
 /// unknown keys are ignored).
@@ -345,17 +366,40 @@ impl AppSocket {
                         log::error!("reading the notify socket failed: {e}");
                         return;
                     }
-                    // Drain the queue: one wakeup may stand for many datagrams.
-                    loop {
+                    // One wake-up may stand for many datagrams: read up to a batch,
+                    // then let the other tasks run (a sender that keeps the queue
+                    // full must not keep them waiting).
+                    let mut verdicts = Verdicts::default();
+                    let mut full = true;
+                    let mut taken = false;
+                    for _ in 0..MAX_BATCH {
                         match sock.try_io(Interest::READABLE, || receive(sock.as_raw_fd(), &mut buf)) {
-                            Ok(Some((pid, len))) => app.on_datagram(pid, &buf[..len]),
+                            Ok(Some((pid, len))) => {
+                                if verdicts.in_tree(pid, app.child_pid, app.me) {
+                                    app.on_datagram(&buf[..len]);
+                                    taken = true;
+                                }
+                            }
                             Ok(None) => {}
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                full = false;
+                                break;
+                            }
                             Err(e) => {
                                 log::debug!("reading the notify socket failed: {e}");
+                                full = false;
                                 break;
                             }
                         }
+                    }
+                    if full && !taken {
+                        // A whole batch from strangers: a flood. Pause before the
+                        // next one, so that the flood costs drainit a bounded share
+                        // of the CPU (the app and the probes need it too); the
+                        // queue waits in the kernel meanwhile.
+                        tokio::time::sleep(FLOOD_PAUSE).await;
+                    } else if full {
+                        tokio::task::yield_now().await;
                     }
                 }
                 () = sleep_until(app.deadline) => app.on_watchdog_expired(),
@@ -424,6 +468,26 @@ fn receive(fd: i32, buf: &mut [u8]) -> io::Result<Option<(i32, usize)>> {
     Ok(pid.map(|p| (p, msg.bytes)))
 }
 
+/// The sender verdicts of one batch: a flood from one process is judged once per
+/// batch, not once per datagram. Kept for one batch only, so a pid reused later
+/// is judged afresh.
+#[derive(Default)]
+struct Verdicts(Vec<(i32, bool)>);
+
+impl Verdicts {
+    fn in_tree(&mut self, pid: i32, child_pid: i32, root: i32) -> bool {
+        if let Some(&(_, ok)) = self.0.iter().find(|(p, _)| *p == pid) {
+            return ok;
+        }
+        let ok = in_tree(pid, child_pid, root);
+        if !ok {
+            log::debug!("ignoring notifications from pid {pid}, not in the child's process tree");
+        }
+        self.0.push((pid, ok));
+        ok
+    }
+}
+
 /// Whether `pid` is drainit's main child or one of its descendants: its parent chain
 /// in `/proc` leads to `root` (drainit; as a subreaper or PID 1 it adopts the tree's
 /// orphans, so the chain never breaks). Zombies count: `systemd-notify` may have
@@ -431,6 +495,11 @@ fn receive(fd: i32, buf: &mut [u8]) -> io::Result<Option<(i32, usize)>> {
 fn in_tree(pid: i32, child_pid: i32, root: i32) -> bool {
     if pid == child_pid {
         return true;
+    }
+    // Pid 0: the sender is not visible in drainit's PID namespace (the kernel
+    // translates credentials into the receiver's); no /proc read needed.
+    if pid <= 0 {
+        return false;
     }
     let mut at = pid;
     for _ in 0..MAX_TREE_DEPTH {
@@ -463,11 +532,8 @@ struct App {
 }
 
 impl App {
-    fn on_datagram(&mut self, pid: i32, datagram: &[u8]) {
-        if !in_tree(pid, self.child_pid, self.me) {
-            log::debug!("ignoring a notification from pid {pid}, not in the child's process tree");
-            return;
-        }
+    /// A datagram from the child's tree (the sender was checked).
+    fn on_datagram(&mut self, datagram: &[u8]) {
         let m = Message::parse(datagram);
         if m.ready
             && let Some(tx) = self.ready_tx.take()

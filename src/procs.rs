@@ -24,8 +24,14 @@ pub struct Proc {
     /// Start time in clock ticks since boot: with `pid`, a process's identity
     /// (a pid alone may be reused).
     pub start: u64,
-    /// Exited but not yet reaped by its parent.
+    /// Exited but not yet reaped by its parent. A thread-group leader that exited
+    /// while other threads of its process run on shows state `Z` too; that
+    /// process is alive and is not a zombie here.
     pub zombie: bool,
+    /// A zombie whose exit status says it was killed by SIGKILL (field 52,
+    /// `exit_code`, Linux 3.5+): how drainit tells, after its SIGKILL, the
+    /// processes it killed from those that had ended by themselves.
+    pub killed: bool,
     /// Stopped by a signal (state `T`): it cannot act on a drain signal until
     /// it gets SIGCONT.
     pub stopped: bool,
@@ -47,10 +53,14 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
     let comm = text[open + 1..close].to_string();
     let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
     // rest[0] is field 3 (state); field N is rest[N - 3].
+    let threads: u64 = rest.get(17)?.parse().ok()?;
+    let zombie = matches!(rest.first()?.chars().next()?, 'Z' | 'X') && threads <= 1;
+    let exit_code: i32 = rest.get(49).and_then(|c| c.parse().ok()).unwrap_or(0);
     Some(Proc {
         pid,
         comm,
-        zombie: matches!(rest.first()?.chars().next()?, 'Z' | 'X'),
+        zombie,
+        killed: zombie && exit_code & 0x7f == libc::SIGKILL,
         stopped: rest.first()?.starts_with('T'),
         ppid: rest.get(1)?.parse().ok()?,
         pgid: rest.get(2)?.parse().ok()?,
@@ -62,6 +72,11 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
 /// between the listing and the read): `ENOENT`, `ESRCH`.
 fn vanished(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// One process's `/proc/PID/stat`, parsed; `None` when it is gone or unreadable.
+pub fn stat_of(pid: i32) -> Option<Proc> {
+    stat(&pid.to_string()).ok().flatten()
 }
 
 /// `/proc/PID/stat`, parsed; `Ok(None)` when the process is gone.
@@ -105,13 +120,54 @@ pub fn all() -> std::io::Result<Vec<Proc>> {
 /// `/proc` could not be read (`EMFILE`, …). Callers must then not conclude that no
 /// descendant is left: an unreadable table is not an empty one.
 pub fn descendants(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
+    let mut out = Vec::new();
+    visit(root, exclude, |p| {
+        if !p.zombie {
+            out.push(p.clone());
+        }
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with every descendant of `root` as it is found, zombies included
+/// (but never searched through: a zombie's children were re-parented when it
+/// exited), leaving out the subtrees at `exclude`. Not PID 1, the tree is
+/// walked from `root` down, parents before their children, so a caller that
+/// signals each process as it comes sends its first signal after one `/proc`
+/// read, not after a walk of the whole tree. As PID 1 (`root` = 1), the whole
+/// namespace is read first (processes that entered it from outside have no
+/// parent chain to walk).
+///
+/// # Errors
+/// As [`descendants`].
+pub fn visit(root: i32, exclude: &HashSet<i32>, f: impl FnMut(&Proc)) -> std::io::Result<()> {
+    let mut f = f;
     if root == 1 {
-        return namespace(exclude);
+        namespace(exclude)?.iter().for_each(&mut f);
+        return Ok(());
     }
-    match walk(root, exclude)? {
-        Some(v) => Ok(v),
-        None => Ok(descendants_in(all()?, root, exclude)),
+    if walk(root, exclude, &mut f)?.is_none() {
+        let table = all()?;
+        let mut reached: Vec<Proc> = Vec::new();
+        let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, p) in table.iter().enumerate() {
+            children.entry(p.ppid).or_default().push(i);
+        }
+        let mut stack = vec![root];
+        let mut seen = HashSet::new();
+        while let Some(pid) = stack.pop() {
+            for &i in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+                let p = &table[i];
+                if p.pid == root || exclude.contains(&p.pid) || !seen.insert(p.pid) {
+                    continue;
+                }
+                stack.push(p.pid);
+                reached.push(p.clone());
+            }
+        }
+        reached.iter().for_each(&mut f);
     }
+    Ok(())
 }
 
 /// As PID 1: every live process of the PID namespace but PID 1 and the subtrees at
@@ -121,16 +177,23 @@ pub fn descendants(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Vec<Pro
 fn namespace(exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
     let table = all()?;
     let mut skip: HashSet<i32> = exclude.clone();
-    for &h in exclude {
-        skip.extend(
-            descendants_in(table.clone(), h, &HashSet::new())
-                .iter()
-                .map(|p| p.pid),
-        );
+    if !exclude.is_empty() {
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for p in &table {
+            children.entry(p.ppid).or_default().push(p.pid);
+        }
+        let mut stack: Vec<i32> = exclude.iter().copied().collect();
+        while let Some(pid) = stack.pop() {
+            for &c in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+                if skip.insert(c) {
+                    stack.push(c);
+                }
+            }
+        }
     }
     Ok(table
         .into_iter()
-        .filter(|p| p.pid != 1 && !p.zombie && !skip.contains(&p.pid))
+        .filter(|p| p.pid != 1 && !skip.contains(&p.pid))
         .collect())
 }
 
@@ -151,9 +214,18 @@ pub fn any_from_outside(procs: &[Proc]) -> bool {
     procs.iter().any(|p| p.ppid == 0)
 }
 
-/// The pids listed in `/proc/PID/task/*/children`; `Ok(None)` when the kernel has
-/// no such file; an empty list when the process is gone.
-fn children(pid: i32) -> std::io::Result<Option<Vec<i32>>> {
+/// The pids listed in `/proc/PID/task/*/children` (every thread's children, zombies
+/// included); `Ok(None)` when the kernel has no such file
+/// (`CONFIG_PROC_CHILDREN`); an empty list when the process is gone.
+///
+/// For drainit's own pid this is exact where a walk is not: drainit's list of
+/// children loses an entry only when drainit reaps it, so no entry can be skipped
+/// while the file is read, and a process that exits leaves its zombie in the list
+/// until then, with its own children already re-parented into the list.
+///
+/// # Errors
+/// `/proc` could not be read.
+pub fn children(pid: i32) -> std::io::Result<Option<Vec<i32>>> {
     let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(t) => t,
         Err(e) if vanished(&e) => return Ok(Some(Vec::new())),
@@ -177,11 +249,15 @@ fn children(pid: i32) -> std::io::Result<Option<Vec<i32>>> {
     Ok(any.then_some(out))
 }
 
-fn walk(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Option<Vec<Proc>>> {
+/// The walk behind [`visit`]; `Ok(None)` without `CONFIG_PROC_CHILDREN`.
+fn walk(
+    root: i32,
+    exclude: &HashSet<i32>,
+    f: &mut impl FnMut(&Proc),
+) -> std::io::Result<Option<()>> {
     let Some(mut stack) = children(root)? else {
         return Ok(None);
     };
-    let mut out = Vec::new();
     let mut seen = HashSet::new();
     while let Some(pid) = stack.pop() {
         if exclude.contains(&pid) || !seen.insert(pid) {
@@ -190,12 +266,15 @@ fn walk(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Option<Vec<Proc>>>
         let Some(p) = stat(&pid.to_string())? else {
             continue;
         };
-        stack.extend(children(pid)?.unwrap_or_default());
+        f(&p);
+        // A zombie has no children: they were re-parented when it exited. Not
+        // reading them keeps a tree of many zombies (an app that never reaps) at
+        // one read per zombie.
         if !p.zombie {
-            out.push(p);
+            stack.extend(children(pid)?.unwrap_or_default());
         }
     }
-    Ok(Some(out))
+    Ok(Some(()))
 }
 
 /// [`descendants`] over a given table (for tests).
@@ -254,6 +333,7 @@ mod tests {
             comm: format!("p{pid}"),
             start: 0,
             zombie,
+            killed: false,
             stopped: false,
         }
     }

@@ -1,4 +1,7 @@
-//! The one waiter: `waitpid(-1, WNOHANG)` to exhaustion on every SIGCHLD.
+//! The one waiter: `waitpid(-1, WNOHANG)` until nothing is left to reap, on every
+//! SIGCHLD, in batches of [`MAX_REAP`] (the supervisor runs the next batch once
+//! the other wake-ups had their turn: 20,000 orphans re-parented at once take the
+//! kernel seconds to hand over, and must not hold a deadline or a signal).
 //!
 //! Owns: reaping. Every process that ends in drainit's tree and is re-parented to
 //! it (as PID 1, or as a child subreaper) is reaped here and nowhere else. The main
@@ -31,7 +34,12 @@ pub struct Round {
     pub orphans: Vec<(i32, ChildExit)>,
     /// `waitpid` said ECHILD: drainit has no child left at all.
     pub none_left: bool,
+    /// The batch was full: more may be waiting to be reaped (run another round).
+    pub more: bool,
 }
+
+/// The most processes reaped in one [`Reaper::reap`] round.
+pub const MAX_REAP: usize = 256;
 
 /// The registry of waited-for pids.
 #[derive(Default)]
@@ -90,10 +98,15 @@ impl Reaper {
         Some(exit)
     }
 
-    /// Reaps every exited child, without blocking.
+    /// Reaps exited children, without blocking: all of them, or [`MAX_REAP`] and
+    /// [`Round::more`].
     pub fn reap(&mut self) -> Round {
         let mut round = Round::default();
-        loop {
+        for n in 0.. {
+            if n == MAX_REAP {
+                round.more = true;
+                break;
+            }
             match wait_any() {
                 Waited::Exited(pid, exit) => {
                     if Some(pid) == self.main {

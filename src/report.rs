@@ -32,8 +32,15 @@ pub struct Ledger {
     in_flight: HashSet<(i32, u64)>,
     /// pids (of the T0 set, or reaped by drainit later) that ended without a kill.
     ended: HashSet<i32>,
-    /// The processes SIGKILLed: pid and comm.
+    /// The processes SIGKILLed: pid and comm, in the order they were killed.
     abandoned: Vec<Abandoned>,
+    /// The pids of `abandoned`, so that recording a kill stays O(1) (a kill of
+    /// thousands of processes must not cost a scan of the list per process).
+    abandoned_pids: HashSet<i32>,
+    /// Processes drainit tried to signal and could not (`EPERM`): pid and comm.
+    /// Never counted abandoned (they were not killed) nor completed.
+    unkillable: Vec<Abandoned>,
+    unkillable_pids: HashSet<i32>,
     sampled: bool,
     /// Set at the SIGKILL and when the drain is over: whatever ends after that was
     /// killed, or is no part of the drain (a teardown step's children), and is
@@ -41,7 +48,7 @@ pub struct Ledger {
     closed: bool,
 }
 
-/// One abandoned process.
+/// One abandoned (or unkillable) process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Abandoned {
     pub pid: i32,
@@ -68,7 +75,11 @@ impl Ledger {
 
     /// A process drainit saw end (reaped by drainit, or gone from the T0 set).
     pub fn ended(&mut self, pid: i32) {
-        if self.sampled && !self.closed && !self.abandoned.iter().any(|a| a.pid == pid) {
+        if self.sampled
+            && !self.closed
+            && !self.abandoned_pids.contains(&pid)
+            && !self.unkillable_pids.contains(&pid)
+        {
             self.ended.insert(pid);
         }
     }
@@ -92,11 +103,39 @@ impl Ledger {
     }
 
     /// Records a process about to be SIGKILLed.
-    pub fn abandon(&mut self, pid: i32, comm: String) {
-        if !self.abandoned.iter().any(|a| a.pid == pid) {
-            self.ended.remove(&pid);
-            self.abandoned.push(Abandoned { pid, comm });
+    /// Returns whether it was not recorded before. O(1).
+    pub fn abandon(&mut self, pid: i32, comm: String) -> bool {
+        if self.unkillable_pids.contains(&pid) || !self.abandoned_pids.insert(pid) {
+            return false;
         }
+        self.ended.remove(&pid);
+        self.abandoned.push(Abandoned { pid, comm });
+        true
+    }
+
+    /// Whether `pid` was recorded abandoned (SIGKILLed).
+    pub fn is_abandoned(&self, pid: i32) -> bool {
+        self.abandoned_pids.contains(&pid)
+    }
+
+    /// Records a process drainit could not signal (`EPERM`), taking it out of the
+    /// abandoned and completed counts. Returns whether it was not recorded before
+    /// (so that it is logged once).
+    pub fn unkillable(&mut self, pid: i32, comm: String) -> bool {
+        if !self.unkillable_pids.insert(pid) {
+            return false;
+        }
+        self.ended.remove(&pid);
+        if self.abandoned_pids.remove(&pid) {
+            self.abandoned.retain(|a| a.pid != pid);
+        }
+        self.unkillable.push(Abandoned { pid, comm });
+        true
+    }
+
+    /// Whether `pid` was recorded unkillable.
+    pub fn is_unkillable(&self, pid: i32) -> bool {
+        self.unkillable_pids.contains(&pid)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -109,6 +148,11 @@ impl Ledger {
 
     pub fn abandoned(&self) -> &[Abandoned] {
         &self.abandoned
+    }
+
+    /// The processes drainit could not signal, in the order it found them.
+    pub fn unkillables(&self) -> &[Abandoned] {
+        &self.unkillable
     }
 }
 
@@ -141,8 +185,13 @@ pub struct DrainJson {
     pub in_flight_at_start: usize,
     pub completed: usize,
     pub abandoned: usize,
+    /// Processes drainit could not signal (`EPERM`).
+    pub unkillable: usize,
     pub pre_drain_delay_ms: u64,
+    /// When the drain signal was sent.
     pub forwarded_at_ms: Option<u64>,
+    /// When the SIGKILL was sent; null when nothing was killed.
+    pub killed_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
     pub deadline_ms: Option<u64>,
 }
@@ -184,6 +233,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop: Option<DrainJson>,
     pub abandoned: Vec<Abandoned>,
+    /// Processes drainit could not signal (`EPERM`): pid and comm.
+    pub unkillable: Vec<Abandoned>,
     pub teardown: Vec<TeardownJson>,
     /// Processes re-parented to drainit and reaped by it (not its main child).
     pub orphans_reaped: u64,
@@ -201,8 +252,10 @@ pub fn drain_json(t: &Timeline, ledger: &Ledger) -> DrainJson {
         in_flight_at_start: ledger.in_flight(),
         completed: ledger.completed(),
         abandoned: ledger.abandoned().len(),
+        unkillable: ledger.unkillables().len(),
         pre_drain_delay_ms: ms(t.pre_drain_delay),
         forwarded_at_ms: since(t.forwarded_at),
+        killed_at_ms: since(t.killed_at),
         finished_at_ms: since(t.finished_at),
         deadline_ms: since(t.deadline),
     }
@@ -249,6 +302,7 @@ impl Report {
             drain,
             stop,
             abandoned: f.ledger.abandoned().to_vec(),
+            unkillable: f.ledger.unkillables().to_vec(),
             teardown: f.teardown,
             orphans_reaped: f.orphans,
         }
@@ -268,6 +322,7 @@ impl Report {
             drain: None,
             stop: None,
             abandoned: Vec::new(),
+            unkillable: Vec::new(),
             teardown: Vec::new(),
             orphans_reaped: 0,
         }
@@ -447,6 +502,51 @@ mod tests {
             (l.in_flight(), l.completed(), l.abandoned().len()),
             (3, 3, 1)
         );
+    }
+
+    #[test]
+    fn an_unkillable_process_is_neither_abandoned_nor_completed() {
+        let mut l = Ledger::default();
+        l.sample([(10, 1), (11, 1), (12, 1)]);
+        // The kill round records 11 as abandoned before its kill(2) says EPERM.
+        assert!(l.abandon(11, "setuid".into()));
+        assert!(l.unkillable(11, "setuid".into()));
+        assert!(
+            !l.unkillable(11, "setuid".into()),
+            "recorded (and logged) once"
+        );
+        assert!(
+            !l.abandon(11, "setuid".into()),
+            "a later round does not abandon it"
+        );
+        assert!(l.abandon(12, "stubborn".into()));
+        l.ended(11);
+        l.ended(10);
+        l.settle(&HashSet::from([(11, 1)]));
+        assert_eq!(
+            (l.completed(), l.abandoned().len(), l.unkillables().len()),
+            (1, 1, 1)
+        );
+        assert_eq!(l.abandoned()[0].pid, 12);
+        assert_eq!(l.unkillables()[0].pid, 11);
+        assert!(l.is_unkillable(11) && !l.is_abandoned(11) && l.is_abandoned(12));
+    }
+
+    #[test]
+    fn abandoning_many_processes_is_linear() {
+        // 200,000 distinct pids plus a repeat of each: with a scan of the list per
+        // call this took minutes; with the index it is milliseconds.
+        let mut l = Ledger::default();
+        l.sample((0..200_000).map(|p| (p, 1)));
+        let started = std::time::Instant::now();
+        for round in 0..2 {
+            for pid in 0..200_000 {
+                assert_eq!(l.abandon(pid, String::new()), round == 0);
+                l.ended(pid);
+            }
+        }
+        assert_eq!(l.abandoned().len(), 200_000);
+        assert!(started.elapsed() < Duration::from_secs(20));
     }
 
     #[test]

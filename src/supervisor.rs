@@ -11,8 +11,15 @@
 //! loop carries on (catatonit's second error regime).
 //!
 //! Invariant: a pid is signalled only while it is known alive and unreaped: the
-//! `/proc` snapshot and the `kill` happen in one synchronous step, with no reap in
+//! `/proc` read and the `kill` happen in one synchronous step, with no reap in
 //! between, and every process gets the drain signal from drainit at most once.
+//!
+//! Signal first, account after: the forward and the SIGKILL are sent before any
+//! walk of `/proc` that only counts (a tree of thousands of processes or zombies
+//! takes tens of milliseconds to read), and the report's times are the instants
+//! the signals were sent. "No descendant left" is proven, never inferred from a
+//! walk that may miss a process forked while its parent exited
+//! (`Supervisor::nothing_left`).
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -73,6 +80,18 @@ pub struct Supervisor {
     /// same step (nothing was signalled in between): one /proc walk, not two.
     /// Cleared after every action list.
     sampled: Option<Vec<procs::Proc>>,
+    /// `SampleInFlight` was asked for in this step: the T0 count is taken at the
+    /// end of the step, after the signal the step sends. Holds the main child
+    /// when it was alive at the sample (read before that signal).
+    sample_due: Option<Vec<procs::Proc>>,
+    /// The drain's SIGKILL was sent and its settle runs: what is still found alive
+    /// (a process forked as its parent was killed) is killed too.
+    killing: bool,
+    /// The last reap round was full: another runs once the other wake-ups (a
+    /// signal, a deadline) had their turn.
+    reap_more: bool,
+    /// How the kill settles: see `Supervisor::still_dying`.
+    settle: Option<Settle>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
@@ -158,6 +177,10 @@ impl Supervisor {
             outsiders: false,
             signalled: HashSet::new(),
             sampled: None,
+            sample_due: None,
+            killing: false,
+            reap_more: false,
+            settle: None,
             queue,
             ready_rx,
             step: None,
@@ -182,10 +205,21 @@ impl Supervisor {
     pub async fn run(mut self) -> Report {
         self.process();
         while self.outcome.is_none() {
-            let deadline = self
-                .drain
-                .next_deadline()
-                .map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let mut deadline = self.drain.next_deadline().map(|at| self.epoch + at);
+            // While killed processes are still dying and being reaped, the kill's
+            // settle time does not run out: thousands killed at once take the
+            // kernel more than a second to tear down on a small machine, and their
+            // statuses (the main child's among them) are on their way. A process
+            // that cannot die (uninterruptible sleep) stops the reaps, and the
+            // settle time runs out as before.
+            if self.killing && self.drain.waits_for_descendants() {
+                if self.reap_more {
+                    deadline = None;
+                } else if let Some(floor) = self.settle.as_ref().map(|s| s.floor) {
+                    deadline = deadline.map(|d| d.max(floor));
+                }
+            }
+            let deadline = deadline.map(tokio::time::Instant::from_std);
             let polling = self.outsiders && self.drain.waits_for_descendants();
             if !self.drain.awaits_deadline() {
                 self.progress_at = None;
@@ -193,6 +227,7 @@ impl Supervisor {
             let progress = self
                 .progress_at
                 .map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let reaping = self.reap_more;
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
@@ -205,6 +240,7 @@ impl Supervisor {
                     _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
                     _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
                     _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
+                    () = tokio::task::yield_now(), if reaping => Woke::Reap,
                 }
             };
             match woke {
@@ -266,9 +302,14 @@ impl Supervisor {
                     self.queue.push_back(Event::ReadinessPassed);
                 }
                 Woke::StepExited(exit) => self.finish_step(exit),
-                Woke::Tick => self.queue.push_back(Event::Tick),
+                Woke::Tick => {
+                    if !self.still_dying() {
+                        self.queue.push_back(Event::Tick);
+                    }
+                }
                 Woke::Progress => self.log_progress(),
                 Woke::Poll => self.check_descendants(false),
+                Woke::Reap => self.on_sigchld(),
             }
             self.process();
         }
@@ -286,6 +327,9 @@ impl Supervisor {
             }
             for a in actions {
                 self.act(a);
+            }
+            if let Some(pre) = self.sample_due.take() {
+                self.finish_sample(pre);
             }
             self.sampled = None;
         }
@@ -409,12 +453,105 @@ impl Supervisor {
     }
 
     fn send(&self, target: i32, sig: Signal) {
-        match signals::send(target, sig) {
-            Ok(()) => {}
-            // ESRCH: the target is already gone (it races with its own exit).
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
+        send_to(target, sig);
+    }
+
+    /// The non-helper children of drainit, zombies included (see
+    /// [`procs::children`]); `None` when the kernel has no such list or `/proc`
+    /// cannot be read.
+    fn own_children(&self) -> Option<Vec<i32>> {
+        if !self.proc_ok {
+            return None;
         }
+        match procs::children(self.me) {
+            Ok(Some(v)) => {
+                let helpers = self.helpers();
+                Some(v.into_iter().filter(|p| !helpers.contains(p)).collect())
+            }
+            Ok(None) => None,
+            Err(e) => {
+                log::debug!("reading drainit's children in /proc failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Whether drainit has no child left but its helpers: from its list of
+    /// children, or, without one, from `waitid` (then a running helper counts).
+    fn no_child_left(&self) -> bool {
+        match self.own_children() {
+            Some(v) => v.is_empty(),
+            None => !crate::reaper::has_children(),
+        }
+    }
+
+    /// Whether no descendant is left, proven (issue 13): `none_left` is the
+    /// reaper's `ECHILD`.
+    ///
+    /// Not PID 1, drainit is a subreaper: every live descendant has a parent
+    /// chain that reaches drainit through one of its children (an exiting
+    /// parent's children are re-parented to drainit before its zombie can be
+    /// reaped), so "no child but helpers" is "no descendant". A walk of the tree
+    /// is not proof: a process that forks its successor and exits between the
+    /// walk's listing and its read of that process leaves a successor the walk
+    /// never sees. As PID 1, processes that entered the namespace from outside
+    /// (`nsenter`, `docker exec`) are nobody's child here: the namespace is read
+    /// too, and drainit's children read again after it, so that a process forked
+    /// while the read ran, whose parent then exited, is found as drainit's child.
+    fn nothing_left(&mut self, none_left: bool) -> bool {
+        // ECHILD is conclusive unless, as PID 1, processes from outside the
+        // namespace (never drainit's children) may be left: then /proc decides.
+        if none_left && (!self.is_pid1 || !self.proc_ok) {
+            return true;
+        }
+        if !self.proc_ok || !self.no_child_left() {
+            return false;
+        }
+        if !self.is_pid1 {
+            return true;
+        }
+        let Some(left) = self.descendants() else {
+            return false;
+        };
+        self.outsiders = procs::any_from_outside(&left);
+        left.is_empty() && self.no_child_left()
+    }
+
+    /// Beat 1's count, at the end of the step that asked for it: the live
+    /// descendants (read after the step's signal, if it sent one), plus the main
+    /// child read before that signal.
+    fn finish_sample(&mut self, pre: Vec<procs::Proc>) {
+        let mut alive = match self.sampled.take() {
+            Some(v) => v,
+            None => self.descendants().unwrap_or_default(),
+        };
+        for p in pre {
+            if !alive.iter().any(|a| a.id() == p.id()) {
+                alive.push(p);
+            }
+        }
+        self.ledger.sample(alive.iter().map(procs::Proc::id));
+        let t = self.drain.timeline();
+        match self.drain.drain_signal() {
+            Some(sig) => log::info!(
+                "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
+                alive.len(),
+                checks::fmt_ms(t.pre_drain_delay),
+                self.delay_why(),
+                checks::fmt_ms(
+                    t.deadline
+                        .unwrap_or_default()
+                        .saturating_sub(t.t0.unwrap_or_default())
+                )
+            ),
+            None if alive.is_empty() => {}
+            None => log::info!(
+                "no drain signal: the {} process(es) left get the drain signal and {} to finish",
+                alive.len(),
+                checks::fmt_ms(self.cfg.drain_timeout)
+            ),
+        }
+        self.sampled = Some(alive);
     }
 
     fn act(&mut self, action: Action) {
@@ -439,50 +576,55 @@ impl Supervisor {
                 }
             }
             Action::SampleInFlight => {
-                let alive = self.descendants().unwrap_or_default();
-                self.sampled = Some(alive.clone());
-                self.ledger.sample(alive.iter().map(procs::Proc::id));
-                let t = self.drain.timeline();
                 // Evidence for a platform that SIGKILLs drainit mid-drain.
                 self.partial_due = self.drain.drain_signal().is_some();
-                match self.drain.drain_signal() {
-                    Some(sig) => log::info!(
-                        "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
-                        alive.len(),
-                        checks::fmt_ms(t.pre_drain_delay),
-                        self.delay_why(),
-                        checks::fmt_ms(
-                            t.deadline
-                                .unwrap_or_default()
-                                .saturating_sub(t.t0.unwrap_or_default())
-                        )
-                    ),
-                    None if alive.is_empty() => {}
-                    None => log::info!(
-                        "no drain signal: the {} process(es) left get the drain signal and {} to finish",
-                        alive.len(),
-                        checks::fmt_ms(self.cfg.drain_timeout)
-                    ),
-                }
+                // Counted at the end of this step (`finish_sample`), after the
+                // forward it may send: a walk of a large tree must not delay the
+                // signal. The main child is read now, so that one killed by the
+                // forward at once is still counted in flight.
+                let child = if self.child_alive && self.proc_ok {
+                    procs::stat_of(self.child_pid).filter(|p| !p.zombie)
+                } else {
+                    None
+                };
+                self.sample_due = Some(child.into_iter().collect());
             }
             Action::ForwardDrain(sig) => {
                 let target = self.forward_target();
-                let mut stopped = false;
-                for p in self.descendants().unwrap_or_default() {
-                    if p.pid == self.child_pid || (target < 0 && p.pgid == self.child_pid) {
-                        self.signalled.insert(p.id());
-                        stopped |= p.stopped;
-                    }
-                }
-                log::info!(
-                    "forwarding {sig} to {} {}",
-                    if target < 0 { "process group" } else { "child" },
-                    target.abs()
-                );
+                // One read before the signal: the main child's identity, and
+                // whether it is stopped. The signal goes first, the accounting
+                // after.
+                let child = if self.child_alive && self.proc_ok {
+                    procs::stat_of(self.child_pid)
+                } else {
+                    None
+                };
                 self.send(target, sig);
+                self.drain.note_forwarded(self.now());
                 metrics::signal_forwarded(&sig.to_string());
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
                 self.partial_due = true;
+                let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
+                if let Some(c) = &child {
+                    self.signalled.insert(c.id());
+                }
+                if target < 0 {
+                    // The group's members got it too (those forked after the
+                    // signal were started by a member already draining).
+                    let left = self.descendants().unwrap_or_default();
+                    for p in &left {
+                        if p.pgid == self.child_pid {
+                            self.signalled.insert(p.id());
+                            stopped |= p.stopped;
+                        }
+                    }
+                    self.sampled = Some(left);
+                }
+                log::info!(
+                    "forwarded {sig} to {} {}",
+                    if target < 0 { "process group" } else { "child" },
+                    target.abs()
+                );
                 if stopped {
                     // A stopped process cannot act on the drain signal: wake it, as
                     // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
@@ -499,6 +641,7 @@ impl Supervisor {
             Action::StartTeardown(i) => {
                 // The drain is over: a teardown step's processes are not part of it.
                 self.ledger.close();
+                self.killing = false;
                 self.start_step(i);
             }
             Action::KillTeardown(i) => {
@@ -516,92 +659,291 @@ impl Supervisor {
         }
     }
 
+    /// At the end of the kill's settle time: whether the killed processes are still
+    /// dying (fewer alive than at the last look, and some left), in which case the
+    /// settle is extended instead of ending. A process that cannot die
+    /// (uninterruptible sleep) makes no progress: the settle ends as before.
+    fn still_dying(&mut self) -> bool {
+        if !(self.killing && self.drain.waits_for_descendants()) {
+            return false;
+        }
+        let Some(settle) = self.settle.as_ref() else {
+            return false;
+        };
+        let now = Instant::now();
+        if now < settle.floor || now >= settle.killed_at + SETTLE_MAX {
+            return now < settle.floor;
+        }
+        let prev = settle.alive;
+        let Some(alive) = self.descendants().map(|v| v.len()) else {
+            return false;
+        };
+        let settle = self.settle.as_mut().expect("checked above");
+        settle.alive = alive;
+        if alive > 0 && alive < prev {
+            settle.floor = now + crate::drain::KILL_SETTLE;
+            log::info!("{alive} killed process(es) still dying; waiting for them");
+            true
+        } else {
+            false
+        }
+    }
+
     /// Every descendant alive now and not yet signalled by drainit gets the
     /// leftover signal. Called once, when the main child is gone (or at the
     /// forward, if it went during the pre-drain delay): processes created later
     /// were started by a process already draining (a cleanup hook's `curl`, a
     /// trap's `sleep`) and are part of its drain, so they are waited for, not
     /// signalled, and SIGKILLed only at the deadline.
+    ///
+    /// Each process is signalled as the walk finds it, not after the walk: in a
+    /// tree of thousands the first signal goes out after one `/proc` read.
     fn signal_remaining(&mut self, sig: Signal) {
-        // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
-        let left = match self.sampled.take() {
-            Some(v) => v,
-            None => self.descendants().unwrap_or_default(),
-        };
-        for p in left {
-            if self.signalled.insert(p.id()) {
-                log::info!("sending {sig} to remaining process {} ({})", p.pid, p.comm);
-                self.send(p.pid, sig);
+        let (me, helpers) = (self.me, self.helpers());
+        let signalled = &mut self.signalled;
+        let mut hit = |p: &procs::Proc| {
+            if !p.zombie && signalled.insert(p.id()) {
+                send_to(p.pid, sig);
                 metrics::signal_forwarded(&sig.to_string());
                 if p.stopped {
-                    self.send(p.pid, Signal::CONT);
+                    send_to(p.pid, Signal::CONT);
                 }
+                log::info!("sent {sig} to remaining process {} ({})", p.pid, p.comm);
+            }
+        };
+        if let Some(left) = self.sampled.as_ref() {
+            left.iter().for_each(hit);
+            return;
+        }
+        // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
+        let mut seen = Vec::new();
+        if self.proc_ok && (self.is_pid1 || crate::reaper::has_children()) {
+            let r = procs::visit(me, &helpers, |p| {
+                hit(p);
+                if !p.zombie {
+                    seen.push(p.clone());
+                }
+            });
+            if let Err(e) = r {
+                log::error!("reading /proc to find descendants failed: {e}");
             }
         }
+        self.sampled = Some(seen);
     }
 
+    /// The deadline's SIGKILL (and the sweep after teardown). Signal first: as
+    /// PID 1 `kill(-1)`, otherwise the main child's process group, before any
+    /// walk; then each descendant is killed as the walk finds it, and recorded
+    /// abandoned (a zombie whose status says SIGKILL was killed by this too; one
+    /// that ended by itself was not). A process drainit may not signal (`EPERM`)
+    /// is recorded unkillable instead, and logged once.
     fn kill_all(&mut self) {
         self.ledger.close();
-        let mut killed = 0;
-        // A few rounds: a process may fork between the snapshot and its SIGKILL.
-        for _ in 0..3 {
-            let Some(left) = self.descendants() else {
-                // Unreadable /proc: what can still be reached is the main child
-                // and its group (and, as PID 1, everything, below).
-                if self.child_alive {
-                    self.ledger.abandon(
-                        self.child_pid,
-                        procs::comm(self.child_pid).unwrap_or_default(),
-                    );
-                    killed += 1;
-                    self.send(self.child_pid, Signal::KILL);
-                }
-                self.send(-self.child_pid, Signal::KILL);
-                break;
-            };
-            if left.is_empty() {
-                break;
-            }
-            // Process groups led by a descendant (or the main child's, whose
-            // leader may be gone) also catch what forks between snapshot and kill.
-            let pids: HashSet<i32> = left.iter().map(|p| p.pid).collect();
-            let groups: HashSet<i32> = left
-                .iter()
-                .map(|p| p.pgid)
-                .filter(|g| pids.contains(g) || *g == self.child_pid)
-                .collect();
-            for p in left {
-                if !self.ledger.abandoned().iter().any(|a| a.pid == p.pid) {
-                    killed += 1;
-                }
-                self.ledger.abandon(p.pid, p.comm.clone());
-                // Killed: it gets no drain signal after this.
-                self.signalled.insert(p.id());
-                self.send(p.pid, Signal::KILL);
-            }
-            for g in groups {
-                self.send(-g, Signal::KILL);
-            }
+        self.killing = true;
+        let killed_at = self.now();
+        // The main child first (it is not reaped, so its pid and group are still
+        // its own): woken first, it tends to die first, and its status is what
+        // the report shows.
+        // Failures are not logged here: the walk below finds each process still
+        // alive, kills it by pid and records (and logs, once) what it cannot kill.
+        if self.child_alive {
+            let _ = signals::send(self.child_pid, Signal::KILL);
         }
         if self.is_pid1 {
             // As PID 1, -1 means every process of this PID namespace but drainit
             // (kill(2)); never used outside PID 1, where it would reach processes
             // drainit did not start.
             let _ = signals::send(-1, Signal::KILL);
+        } else if self.child_alive {
+            let _ = signals::send(-self.child_pid, Signal::KILL);
+        }
+        let mut killed = 0;
+        let mut unkillable = 0;
+        // A few rounds: a process may fork between the read and its SIGKILL.
+        for _ in 0..3 {
+            let before = (killed, unkillable);
+            match self.kill_round() {
+                Some((k, u)) => {
+                    killed += k;
+                    unkillable += u;
+                }
+                None => {
+                    // Unreadable /proc: what can still be reached is the main child
+                    // and its group (and, as PID 1, everything, above).
+                    // (Both were sent SIGKILL above; sent again, to learn the
+                    // outcome for the main child.)
+                    if self.child_alive {
+                        let comm = procs::comm(self.child_pid).unwrap_or_default();
+                        match signals::send(self.child_pid, Signal::KILL) {
+                            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                                if self.ledger.unkillable(self.child_pid, comm) {
+                                    unkillable += 1;
+                                    log::warn!(
+                                        "cannot kill the main child {}: not permitted; it is left running (unkillable)",
+                                        self.child_pid
+                                    );
+                                }
+                            }
+                            _ => {
+                                if self.ledger.abandon(self.child_pid, comm) {
+                                    killed += 1;
+                                }
+                            }
+                        }
+                        self.send(-self.child_pid, Signal::KILL);
+                    }
+                    break;
+                }
+            }
+            if (killed, unkillable) == before {
+                break;
+            }
+        }
+        if self.is_pid1 {
+            let _ = signals::send(-1, Signal::KILL);
         }
         if killed > 0 {
-            let names: Vec<String> = self
-                .ledger
-                .abandoned()
-                .iter()
-                .map(|a| format!("{} ({})", a.pid, a.comm))
-                .collect();
-            log::warn!(
-                "abandoned: SIGKILLed {killed} process(es): {}",
-                names.join(", ")
-            );
+            self.drain.note_killed(killed_at);
+            self.log_killed(killed);
+        }
+        if self.settle.is_none() {
+            let now = Instant::now();
+            self.settle = Some(Settle {
+                killed_at: now,
+                alive: killed,
+                floor: now,
+            });
+        }
+        if unkillable > 0 {
+            self.queue.push_back(Event::Unkillable(unkillable));
         }
         self.queue.push_back(Event::Killed(killed));
+    }
+
+    /// One walk of the tree that SIGKILLs every live descendant as it is found and
+    /// records it; `(newly abandoned, newly unkillable)`, `None` when `/proc`
+    /// cannot be read.
+    fn kill_round(&mut self) -> Option<(usize, usize)> {
+        if !self.proc_ok {
+            return None;
+        }
+        if !self.is_pid1 && !crate::reaper::has_children() {
+            return Some((0, 0));
+        }
+        let (me, helpers) = (self.me, self.helpers());
+        let ledger = &mut self.ledger;
+        let signalled = &mut self.signalled;
+        let (mut killed, mut unkillable) = (0, 0);
+        let mut leaders = HashSet::new();
+        let mut groups = HashSet::new();
+        let r = procs::visit(me, &helpers, |p| {
+            // Ended by itself (before the kill): not abandoned.
+            if p.zombie && !p.killed {
+                return;
+            }
+            if !p.zombie {
+                if ledger.is_unkillable(p.pid) {
+                    return;
+                }
+                if let Err(e) = signals::send(p.pid, Signal::KILL)
+                    && e.raw_os_error() == Some(libc::EPERM)
+                {
+                    if ledger.unkillable(p.pid, p.comm.clone()) {
+                        unkillable += 1;
+                        log::warn!(
+                            "cannot kill {} ({}): not permitted; it is left running (unkillable)",
+                            p.pid,
+                            p.comm
+                        );
+                    }
+                    return;
+                }
+                // Unreaped when read, so its group id is still its own.
+                leaders.insert(p.pid);
+                groups.insert(p.pgid);
+            }
+            // Killed: it gets no drain signal after this.
+            signalled.insert(p.id());
+            if ledger.abandon(p.pid, p.comm.clone()) {
+                killed += 1;
+            }
+        });
+        if let Err(e) = r {
+            log::error!("reading /proc to find descendants failed: {e}");
+            return None;
+        }
+        // Process groups led by a descendant (or the main child's, while it is
+        // unreaped) also catch what forked between the read and the kill.
+        for g in groups {
+            if leaders.contains(&g) || (g == self.child_pid && self.child_alive) {
+                let _ = signals::send(-g, Signal::KILL);
+            }
+        }
+        Some((killed, unkillable))
+    }
+
+    /// While the kill settles: SIGKILL drainit's live children (what the kill's
+    /// walk could not see: a process forked as its parent was killed is
+    /// re-parented to drainit). They are drainit's own and unreaped, so their
+    /// pids cannot have been reused.
+    fn chase(&mut self) {
+        let Some(children) = self.own_children() else {
+            return;
+        };
+        let (mut killed, mut unkillable) = (0, 0);
+        for pid in children {
+            // Killed already (and unreaped, so still that process): no read.
+            if self.ledger.is_abandoned(pid) {
+                continue;
+            }
+            let Some(p) = procs::stat_of(pid) else {
+                continue;
+            };
+            if p.zombie || self.ledger.is_unkillable(pid) {
+                continue;
+            }
+            match signals::send(pid, Signal::KILL) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    if self.ledger.unkillable(pid, p.comm.clone()) {
+                        unkillable += 1;
+                        log::warn!(
+                            "cannot kill {pid} ({}): not permitted; it is left running (unkillable)",
+                            p.comm
+                        );
+                    }
+                }
+                _ => {
+                    self.signalled.insert(p.id());
+                    if self.ledger.abandon(pid, p.comm.clone()) {
+                        killed += 1;
+                    }
+                }
+            }
+        }
+        if unkillable > 0 {
+            self.queue.push_back(Event::Unkillable(unkillable));
+        }
+        if killed > 0 {
+            log::warn!("abandoned: SIGKILLed {killed} more process(es) started as the kill ran");
+            self.queue.push_back(Event::Killed(killed));
+        }
+    }
+
+    fn log_killed(&self, killed: usize) {
+        const SHOWN: usize = 20;
+        let all = self.ledger.abandoned();
+        let mut names: Vec<String> = all
+            .iter()
+            .take(SHOWN)
+            .map(|a| format!("{} ({})", a.pid, a.comm))
+            .collect();
+        if all.len() > SHOWN {
+            names.push(format!("and {} more", all.len() - SHOWN));
+        }
+        log::warn!(
+            "abandoned: SIGKILLed {killed} process(es): {}",
+            names.join(", ")
+        );
     }
 
     fn start_step(&mut self, i: usize) {
@@ -670,29 +1012,31 @@ impl Supervisor {
         if let Some(exit) = round.main {
             self.main_exited(exit);
         }
-        self.check_descendants(round.none_left);
+        self.reap_more = round.more;
+        // A full round left zombies of drainit's own to reap: nothing can be
+        // gone yet, and the next round comes at once.
+        if !round.more {
+            self.check_descendants(round.none_left);
+        }
     }
 
-    /// While the drain waits for descendants: notice when none is left.
-    /// `none_left`: the reaper saw `ECHILD`.
+    /// While the drain waits for descendants: notice when none is left (proven,
+    /// see `Supervisor::nothing_left`); while a kill settles, kill what is
+    /// still there. `none_left`: the reaper saw `ECHILD`.
     ///
     /// Checking on SIGCHLD is enough: the last descendant to end is always a child
     /// of drainit (its parent is gone, so it was re-parented to drainit), and its
-    /// end raises SIGCHLD here. No timer is needed.
+    /// end raises SIGCHLD here. No timer is needed. The check reads drainit's own
+    /// list of children, not the tree: a drain of thousands of processes does not
+    /// walk them on every SIGCHLD.
     fn check_descendants(&mut self, none_left: bool) {
         if !self.drain.waits_for_descendants() {
             return;
         }
-        // ECHILD is conclusive unless, as PID 1, processes from outside the
-        // namespace (never drainit's children) may be left: then /proc decides.
-        if none_left && (!self.is_pid1 || !self.proc_ok) {
+        if self.nothing_left(none_left) {
             self.queue.push_back(Event::DescendantsGone);
-            return;
-        }
-        let left = self.descendants();
-        self.outsiders = left.as_deref().is_some_and(procs::any_from_outside);
-        if left.is_some_and(|v| v.is_empty()) {
-            self.queue.push_back(Event::DescendantsGone);
+        } else if self.killing {
+            self.chase();
         }
     }
 
@@ -710,6 +1054,14 @@ impl Supervisor {
 
     fn report(&mut self) -> Report {
         let outcome = self.outcome.expect("run() returns only after Exit");
+        // What is left to reap is reaped and counted before the report.
+        while self.reap_more {
+            let round = self.reaper.borrow_mut().reap();
+            for (pid, _) in &round.orphans {
+                self.ledger.ended(*pid);
+            }
+            self.reap_more = round.more;
+        }
         if let Some(alive) = self.descendants() {
             let alive: HashSet<(i32, u64)> = alive.iter().map(procs::Proc::id).collect();
             self.ledger.settle(&alive);
@@ -780,12 +1132,30 @@ enum Woke {
     Tick,
     Progress,
     Poll,
+    /// The next reap round (the last one was full).
+    Reap,
 }
 
 /// How often a drain progress line is logged while processes remain.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How many `pid comm` a progress line names.
 const PROGRESS_NAMED: usize = 5;
+
+/// The kill's settle, as the driver extends it.
+struct Settle {
+    /// When the SIGKILL was sent.
+    killed_at: Instant,
+    /// Live descendants at the last look (at the kill: those it killed).
+    alive: usize,
+    /// The settle does not run out before this instant.
+    floor: Instant,
+}
+
+/// Thousands of processes killed at once take the kernel more than the settle
+/// time to tear down on a small machine: while their number keeps falling, the
+/// settle is extended by [`crate::drain::KILL_SETTLE`] at a time, up to this long
+/// after the kill.
+const SETTLE_MAX: Duration = Duration::from_secs(10);
 
 /// How often `/proc` is read while processes from outside the namespace remain in
 /// a drain (their end raises no SIGCHLD in drainit). Never while idle.
@@ -810,5 +1180,16 @@ fn describe_exit(e: ChildExit) -> String {
     match e {
         ChildExit::Code(n) => format!("exit code {n}"),
         ChildExit::Signal(s) => format!("killed by {s}"),
+    }
+}
+
+/// Sends `sig` to `target` (a pid, or a negated process group); failures are
+/// logged but for `ESRCH`.
+fn send_to(target: i32, sig: Signal) {
+    match signals::send(target, sig) {
+        Ok(()) => {}
+        // ESRCH: the target is already gone (it races with its own exit).
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+        Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
     }
 }
