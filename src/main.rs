@@ -191,7 +191,10 @@ fn run(args: Vec<OsString>) -> i32 {
         ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
             Ok(l) => Some(l),
             Err(e) if *explicit => {
-                log::error!("binding the probe address {addr} failed: {}", io_kind(&e));
+                log::error!(
+                    "binding the probe address {addr} (--probe-addr) failed: {}",
+                    io_kind(&e)
+                );
                 return EXIT_CONFIG;
             }
             Err(e) => {
