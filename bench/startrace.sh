@@ -11,6 +11,8 @@
 #
 # Environment: STARTRACE_GLIBC, STARTRACE_MUSL (the two drainit binaries; default
 # target/release/drainit and target/x86_64-unknown-linux-musl/release/drainit),
+# STARTRACE_GLIBC_BEFORE, STARTRACE_MUSL_BEFORE (optional: older builds, compared
+# in the same run),
 # STARTRACE_DELAYS (default 0,50,200,1000), STARTRACE_TIMEOUT_MS (default 300:
 # how long a try waits before calling the signal lost; a drain here takes a few ms).
 set -euo pipefail
@@ -32,12 +34,23 @@ gcc -O2 -static -o "$work/startrace-static" bench/startrace.c
 # SIGTERM is forwarded at once, `sleep` dies of it, drainit exits 0.
 dflags=(--probe-addr off --pre-drain-delay 0s --drain-timeout 2s --log-level off)
 names=("C floor, dynamic" "C floor, static" "drainit glibc (dynamic)" "drainit musl (static)")
+cmds=(
+  :: "$work/startrace" floor
+  :: "$work/startrace-static" floor
+  :: "$glibc" "${dflags[@]}" -- "$sleep_bin" 5
+  :: "$musl" "${dflags[@]}" -- "$sleep_bin" 5
+)
+# Older builds to compare with, in the same run (e.g. before a change).
+if [ -n "${STARTRACE_GLIBC_BEFORE:-}" ]; then
+  names+=("drainit glibc, before")
+  cmds+=(:: "$(realpath "$STARTRACE_GLIBC_BEFORE")" "${dflags[@]}" -- "$sleep_bin" 5)
+fi
+if [ -n "${STARTRACE_MUSL_BEFORE:-}" ]; then
+  names+=("drainit musl, before")
+  cmds+=(:: "$(realpath "$STARTRACE_MUSL_BEFORE")" "${dflags[@]}" -- "$sleep_bin" 5)
+fi
 env -u KUBERNETES_SERVICE_HOST "$work/startrace" "$tries" "$timeout_ms" "$delays" plain,pid1 \
-  :: "$work/startrace" floor \
-  :: "$work/startrace-static" floor \
-  :: "$glibc" "${dflags[@]}" -- "$sleep_bin" 5 \
-  :: "$musl" "${dflags[@]}" -- "$sleep_bin" 5 \
-  2>/dev/null >"$work/out"
+  "${cmds[@]}" 2>/dev/null >"$work/out"
 
 echo "SIGTERM sent N µs after execve; killed / drained / lost of $tries tries per cell"
 echo "(lost: still running ${timeout_ms} ms later; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -51,7 +64,7 @@ for mode in plain pid1; do
   printf '|---|'
   for _ in "${ds[@]}"; do printf -- '---|'; done
   echo
-  for i in 0 1 2 3; do
+  for i in "${!names[@]}"; do
     printf '| %s |' "${names[$i]}"
     for d in "${ds[@]}"; do
       awk -v i="$i" -v m="$mode" -v d="$d" \
