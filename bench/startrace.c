@@ -11,8 +11,10 @@
  * from elsewhere on the machine falls on each alike. Each try starts CMD with clone(CLONE_VM | CLONE_VFORK [| CLONE_NEWPID]): the
  * parent resumes at the very instant the child's execve has replaced its image
  * (vfork(2): "until the child ... performs a successful execve"), which is the
- * zero of DELAY_US. The parent busy-waits DELAY_US microseconds on
- * CLOCK_MONOTONIC, sends SIGTERM, and waits TIMEOUT_MS for CMD to end:
+ * zero of DELAY_US. The parent sleeps until DELAY_US microseconds later
+ * (clock_nanosleep, timer slack 1 ns; on CPU 0, the child on CPU 1, so that the
+ * wait never takes the CPU the exec needs), sends SIGTERM, and waits TIMEOUT_MS
+ * for CMD to end:
  *
  *   killed   CMD died of the SIGTERM (default disposition, not yet blocked);
  *   drained  CMD exited 0 (it received the signal and acted on it);
@@ -74,6 +76,12 @@ static char **child_argv;
 
 static int child_fn(void *arg) {
     (void)arg;
+    /* The child on CPU 1, the parent on CPU 0 (when there are two): the parent's
+     * wait must not take the CPU the exec needs. */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(1, &one);
+    sched_setaffinity(0, sizeof one, &one);
     execve(child_argv[0], child_argv, environ);
     _exit(127);
 }
@@ -115,8 +123,12 @@ static enum outcome try_once(char **cmd, int pid1, int64_t delay_ns, int64_t tim
         perror("clone");
         exit(1);
     }
-    while (now_ns() - exec_at < delay_ns)
-        ;
+    /* Sleep, not spin, until exec_at + delay (timer slack 1 ns, see main). */
+    if (delay_ns > 0) {
+        struct timespec at = {(exec_at + delay_ns) / 1000000000LL, (exec_at + delay_ns) % 1000000000LL};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR)
+            ;
+    }
     kill(pid, SIGTERM);
     int status = 0, done = 0;
     int64_t deadline = now_ns() + timeout_ns;
@@ -179,6 +191,11 @@ int main(int argc, char **argv) {
         }
     }
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    prctl(PR_SET_TIMERSLACK, 1UL);
+    cpu_set_t zero;
+    CPU_ZERO(&zero);
+    CPU_SET(0, &zero);
+    sched_setaffinity(0, sizeof zero, &zero);
 
     /* counts[cmd][mode][delay][outcome]; the commands take turns within each
      * (mode, delay) step, order rotated every try, so that load from elsewhere on
