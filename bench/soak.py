@@ -27,6 +27,7 @@ drainit gets SIGTERM and must exit 0 (drained).
 Prints a markdown table of the samples and the verdict; exit 0 pass, 1 fail.
 """
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -207,6 +208,7 @@ def main():
             failures.append(f"drainit exited {code} after SIGTERM, not 0")
     report = open(os.path.join(tmp, "stderr")).read().strip().splitlines()
     report = report[-1] if report else ""
+    shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"drainit soak, {duration:.0f} s: {drainit}")
     print()
