@@ -21,7 +21,8 @@ median of the last third exceeds the median of the first third by more than
 10 % + 256 KiB for RSS, or by more than 4 for fds, or if the last third's
 minimum exceeds the first third's maximum for both (monotonic growth); also if
 drainit dies, a probe is answered with anything but 200, more than 2 zombies are
-seen in one sample, or fewer than 99 % of the SIGHUPs sent reach the app. At the end
+seen in one sample, or more than 1 % + 5 of the SIGHUPs sent do not reach the app
+(standard signals coalesce). At the end
 drainit gets SIGTERM and must exit 0 (drained).
 
 Prints a markdown table of the samples and the verdict; exit 0 pass, 1 fail.
@@ -235,7 +236,8 @@ def main():
             failures.append(f"{name} grows: {f_med} -> {l_med}")
     if probes["bad"]:
         failures.append(f"{probes['bad']} probes not answered 200")
-    if hups_sent[0] and hups_got < 0.99 * hups_sent[0]:
+    # Standard signals coalesce (one pending at a time): a few may merge.
+    if hups_sent[0] and hups_got < 0.99 * hups_sent[0] - 5:
         failures.append(f"only {hups_got} of {hups_sent[0]} SIGHUPs reached the app")
     print(f"- probes answered 200: {probes['ok']}; SIGHUP sent {hups_sent[0]}, received {hups_got}")
     print(f"- exit report: {report}")
