@@ -345,7 +345,7 @@ fn base64(input: &[u8]) -> String {
 
 /// How much of a response head a check reads (bytes); past that, the status line
 /// decides.
-const MAX_RESPONSE_HEAD: usize = 16 * 1024;
+pub const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 
 /// `GET` with `Connection: close`; passes on status 200–399. Only the response head
 /// is read (parsed by `httparse`, hyper's own parser); the body never is. A plain
@@ -388,32 +388,74 @@ async fn http(url: &str) -> Result<(), String> {
             return Err("no response".into());
         }
         head.extend_from_slice(&chunk[..n]);
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; 64];
-            let mut resp = httparse::Response::new(&mut headers);
-            let status = match resp.parse(&head) {
-                // An interim response (1xx but 101, `103 Early Hints`) is skipped:
-                // the answer follows it (RFC 9110 §15.2). 101 is final.
-                Ok(httparse::Status::Complete(len))
-                    if resp.code.is_some_and(|c| c < 200 && c != 101) =>
-                {
-                    head.drain(..len);
-                    continue;
-                }
-                Ok(httparse::Status::Complete(_)) => resp.code,
-                // More headers than room for them, or a head longer than a check
-                // reads: the status line is all a check needs.
-                Err(httparse::Error::TooManyHeaders) => resp.code,
-                Ok(httparse::Status::Partial) if head.len() < MAX_RESPONSE_HEAD => break,
-                Ok(httparse::Status::Partial) => resp.code,
-                Err(_) => None,
-            };
-            return match status {
-                Some(code) if (200..400).contains(&code) => Ok(()),
-                Some(code) => Err(format!("http status {code}")),
-                None => Err("bad response".into()),
-            };
+        if let Some(verdict) = response_verdict(&mut head) {
+            return verdict;
         }
+    }
+}
+
+/// The length of the head at the start of `buf`, up to and including the empty
+/// line that ends it (`\r\n\r\n`, or `\n\n` as httparse also accepts), or
+/// `None` when it has not ended yet.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    (0..buf.len()).find_map(|i| {
+        let rest = &buf[i..];
+        if rest.starts_with(b"\n\n") {
+            Some(i + 2)
+        } else if rest.starts_with(b"\n\r\n") {
+            Some(i + 3)
+        } else {
+            None
+        }
+    })
+}
+
+/// The verdict of an HTTP check on the response head read so far (`head`, the
+/// bytes received, at most [`MAX_RESPONSE_HEAD`] plus one read): `None` when more
+/// bytes are needed; `Some(Ok)` for a final status 200–399; `Some(Err)` with
+/// `http status N` or `bad response`. Interim responses (1xx but 101) are removed
+/// from the front of `head` and skipped (RFC 9110 §15.2). Never panics, whatever
+/// the bytes (fuzzed in tests/fuzz.rs).
+pub fn response_verdict(head: &mut Vec<u8>) -> Option<Result<(), String>> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut resp = httparse::Response::new(&mut headers);
+        let status = match resp.parse(head) {
+            // An interim response (1xx but 101, `103 Early Hints`) is skipped:
+            // the answer follows it (RFC 9110 §15.2). 101 is final.
+            Ok(httparse::Status::Complete(len))
+                if resp.code.is_some_and(|c| c < 200 && c != 101) =>
+            {
+                head.drain(..len);
+                continue;
+            }
+            // The same with more headers than room for them: its end is found
+            // by hand (found by tests/fuzz.rs: it was taken for the answer).
+            Err(httparse::Error::TooManyHeaders)
+                if resp.code.is_some_and(|c| c < 200 && c != 101) =>
+            {
+                match head_end(head) {
+                    Some(len) => {
+                        head.drain(..len);
+                        continue;
+                    }
+                    None if head.len() < MAX_RESPONSE_HEAD => return None,
+                    None => resp.code,
+                }
+            }
+            Ok(httparse::Status::Complete(_)) => resp.code,
+            // More headers than room for them, or a head longer than a check
+            // reads: the status line is all a check needs.
+            Err(httparse::Error::TooManyHeaders) => resp.code,
+            Ok(httparse::Status::Partial) if head.len() < MAX_RESPONSE_HEAD => return None,
+            Ok(httparse::Status::Partial) => resp.code,
+            Err(_) => None,
+        };
+        return Some(match status {
+            Some(code) if (200..400).contains(&code) => Ok(()),
+            Some(code) => Err(format!("http status {code}")),
+            None => Err("bad response".into()),
+        });
     }
 }
 

@@ -515,7 +515,23 @@ fn parse_path(s: &str) -> Result<PathBuf, String> {
     if s.trim().is_empty() {
         return Err("the path is empty".into());
     }
+    no_nul(s)?;
     Ok(PathBuf::from(s))
+}
+
+/// A path or argument with a NUL byte cannot be passed to the kernel: only the
+/// config file can hold one (`"\u0000"`), and it is refused at start, not when
+/// the report is written or the step runs.
+fn no_nul(s: &str) -> Result<(), String> {
+    if s.contains('\0') {
+        return Err(format!("'{}' contains a NUL byte", s.escape_debug()));
+    }
+    Ok(())
+}
+
+/// [`no_nul`] for every word of an argv.
+fn argv_no_nul(argv: &[String]) -> Result<(), String> {
+    argv.iter().try_for_each(|w| no_nul(w))
 }
 
 /// `None` for an empty value (no report file), else the path, once its directory
@@ -525,6 +541,7 @@ fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
     if s.is_empty() {
         return Ok(None);
     }
+    no_nul(s)?;
     let path = PathBuf::from(s);
     let dir = path
         .parent()
@@ -585,7 +602,14 @@ fn parse_format(s: &str) -> Result<LogFormat, String> {
 
 /// Environment lookup, injectable for tests.
 pub trait Env {
+    /// The value of `key`, `None` when unset (or not UTF-8: [`load_from`] refuses
+    /// a non-UTF-8 value of every variable it reads, through [`Env::get_os`],
+    /// before it reads any).
     fn get(&self, key: &str) -> Option<String>;
+    /// The raw value of `key`, `None` when unset.
+    fn get_os(&self, key: &str) -> Option<OsString> {
+        self.get(key).map(OsString::from)
+    }
 }
 
 /// The process environment.
@@ -595,6 +619,45 @@ impl Env for ProcessEnv {
     fn get(&self, key: &str) -> Option<String> {
         std::env::var(key).ok()
     }
+    fn get_os(&self, key: &str) -> Option<OsString> {
+        std::env::var_os(key)
+    }
+}
+
+/// Every environment variable drainit reads as text: `DRAINIT_<FLAG>` for each
+/// flag that has one (those clap reads, and the lists drainit splits itself),
+/// and the plain-millisecond ones. `DRAINIT_CONFIG` is a path and may be any
+/// bytes.
+fn env_vars() -> Vec<String> {
+    let mut vars: Vec<String> = Cli::command()
+        .get_arguments()
+        // A path, opened as given: a file name need not be UTF-8 (as `--config`).
+        .filter(|a| a.get_id() != "config")
+        .filter_map(|a| match a.get_env() {
+            Some(e) => Some(e.to_string_lossy().into_owned()),
+            // The repeatable flags: read by `Resolver::list`.
+            None if !a.is_positional() && matches!(a.get_action(), clap::ArgAction::Append) => {
+                Some(env_name(a.get_id().as_str()))
+            }
+            None => None,
+        })
+        .collect();
+    vars.extend(["PRE_DRAIN_DELAY_MS".into(), "DRAIN_TIMEOUT_MS".into()]);
+    vars
+}
+
+/// A variable drainit reads whose value is not UTF-8 is a configuration error
+/// (78) naming it, whatever else is given: taken as unset, a typo'd or corrupted
+/// value would silently become the default (DESIGN §3).
+fn check_env_utf8(env: &dyn Env) -> Result<(), ConfigError> {
+    for var in env_vars() {
+        if env.get_os(&var).is_some_and(|v| v.to_str().is_none()) {
+            return Err(ConfigError::config(format!(
+                "invalid value in environment variable {var}: not valid UTF-8"
+            )));
+        }
+    }
+    Ok(())
 }
 
 struct Resolver<'a> {
@@ -700,6 +763,7 @@ fn env_name(id: &str) -> String {
 /// everything else as 64 (command line) or 78 (environment, file) with a message
 /// naming the flag, variable or key.
 pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigError> {
+    check_env_utf8(env)?;
     let m = match Cli::command().try_get_matches_from(args) {
         Ok(m) => m,
         Err(e) => {
@@ -723,14 +787,39 @@ pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigErr
     resolve(cli, &m, env)
 }
 
+/// The largest config file drainit reads: a real one is a few hundred bytes.
+pub const MAX_CONFIG_FILE: u64 = 1024 * 1024;
+
+/// The text of the config file: a regular file of at most [`MAX_CONFIG_FILE`]
+/// bytes, UTF-8. Opened non-blocking, so a FIFO (or a device) is refused at once
+/// instead of blocking start-up with every signal blocked; read with a bound, so
+/// `/dev/zero` or a file that grows cannot grow drainit.
+fn read_text(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| io_kind(&e))?;
+    let meta = file.metadata().map_err(|e| io_kind(&e))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_kind(&e))?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE {
+        return Err(format!("larger than {} KiB", MAX_CONFIG_FILE / 1024));
+    }
+    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".into())
+}
+
 fn read_file(path: &std::path::Path) -> Result<(FileConfig, String), ConfigError> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::config(format!(
-            "reading config file {shown} failed: {}",
-            io_kind(&e)
-        ))
-    })?;
+    let text = read_text(path)
+        .map_err(|e| ConfigError::config(format!("reading config file {shown} failed: {e}")))?;
     let file: FileConfig = toml::from_str(&text).map_err(|e| {
         let msg = e.message().trim_end();
         let Some(span) = e.span() else {
@@ -1102,6 +1191,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                 if v.is_empty() {
                     return Err(at("exec is an empty command".into()));
                 }
+                argv_no_nul(v).map_err(|e| at(format!("exec: {e}")))?;
                 kinds.push(CheckKind::Exec(v.clone()));
             }
             if let Some(v) = &c.file {
@@ -1159,6 +1249,11 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
                 if t.command.is_empty() {
                     return Err(
                         r.entry_error(span, &format!("[[teardown]] #{}: command is empty", i + 1))
+                    );
+                }
+                if let Err(e) = argv_no_nul(&t.command) {
+                    return Err(
+                        r.entry_error(span, &format!("[[teardown]] #{}: command: {e}", i + 1))
                     );
                 }
                 let timeout = match &t.timeout {

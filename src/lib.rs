@@ -19,9 +19,10 @@
 //! and gets the status on a channel. Anything reaped that nobody registered is an
 //! orphan and is counted in the report.
 //!
-//! **Signals.** drainit installs no signal handler. At start it blocks every
-//! catchable signal but the fault signals and SIGPIPE, and reads them from a
-//! `signalfd` ([`signals`]). The child is started (`clone(CLONE_VM | CLONE_VFORK)`,
+//! **Signals.** drainit installs no signal handler. At start — in a constructor
+//! the C library runs before `main`, so that a SIGTERM sent right after exec is
+//! neither fatal nor (as PID 1) discarded — it blocks every catchable signal but
+//! the fault signals and SIGPIPE, and reads them from a `signalfd` ([`signals`]). The child is started (`clone(CLONE_VM | CLONE_VFORK)`,
 //! as `posix_spawn` does, [`spawn`]) with everything still blocked and restores,
 //! before `exec`, the mask drainit inherited; drainit changed no disposition but
 //! SIGPIPE (ignored for itself, given back as inherited), so the child inherits
@@ -86,7 +87,8 @@
 //! the notify socket are tasks of a single-threaded tokio runtime. A second thread
 //! exists only if stderr falls behind ([`logging`]): log lines then go to a writer
 //! thread through a bounded queue, so a stderr nobody reads never blocks the loop.
-//! Every thread blocks the caught signals (they inherit the block from `main`).
+//! Every thread blocks the caught signals (they inherit the block made before
+//! `main`).
 //!
 //! **The two error regimes.** Before the spawn, everything fallible happens (flags,
 //! config file, probe socket, signalfd) and a failure exits at once with a message

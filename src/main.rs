@@ -30,6 +30,8 @@ const EXIT_INTERNAL: i32 = 1;
 // about twenty system calls and their teardown at exit) is start-up time an init
 // should not spend. What of it drainit needs, `std_start` does. The arguments come
 // from `argv` itself: without std's start-up, `std::env::args_os` is empty on musl.
+//
+// The caught signals are blocked before that, by `block_signals_first` below.
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
 #[allow(unsafe_code)]
@@ -52,6 +54,30 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
     logging::flush(logging::FINAL_WRITE_BOUND);
     let _ = std::io::stdout().flush();
     code
+}
+
+/// Blocks the caught signals as the first code of drainit's that runs: an entry of
+/// `.init_array` with the highest priority (`.init_array.00000` sorts first), run
+/// by the C library before any other constructor of the executable and before
+/// `main` — in glibc after the dynamic loader and the C library's own set-up, in
+/// static musl right after `__init_libc`. A SIGTERM that arrives from here on
+/// stays pending until the signalfd reads it; one that arrives earlier finds the
+/// default disposition: it kills drainit, or, as PID 1 of a PID namespace, the
+/// kernel discards it (bench/startrace.sh measures the window that is left, and
+/// README says how a launcher closes it). `.preinit_array` would run a little
+/// earlier under glibc, but musl never runs it.
+///
+/// Only a system call (`rt_sigprocmask`) and a `OnceLock` store: nothing here
+/// depends on the C library's or std's state. An error is not reported here:
+/// `run` calls [`signals::block_caught`] again and reports it.
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".init_array.00000")]
+static BLOCK_SIGNALS_FIRST: extern "C" fn() = block_signals_first;
+
+#[cfg(not(test))]
+extern "C" fn block_signals_first() {
+    let _ = signals::block_caught();
 }
 
 /// The part of std's runtime start-up drainit keeps: fds 0–2 are open (a closed
@@ -112,9 +138,10 @@ fn inherited_fds() -> Vec<i32> {
 }
 
 fn run(args: Vec<OsString>) -> i32 {
-    let inherited = inherited_fds();
-    // Block the caught signals before any thread exists: every later thread
-    // inherits the block, and nothing is lost before the signalfd is read.
+    // The caught signals were blocked before `main` (`block_signals_first`); this
+    // returns the mask found then, or blocks them now if that failed, and says why
+    // if it fails again. Before any thread exists: every later thread inherits the
+    // block, and nothing is lost before the signalfd is read.
     let mask = match signals::block_caught() {
         Ok(m) => m,
         Err(e) => {
@@ -125,6 +152,7 @@ fn run(args: Vec<OsString>) -> i32 {
             return EXIT_INTERNAL;
         }
     };
+    let inherited = inherited_fds();
     let mut cfg = match config::load_from(args, &ProcessEnv) {
         Ok(c) => c,
         Err(e) if e.code == 0 => {
@@ -168,7 +196,10 @@ fn run(args: Vec<OsString>) -> i32 {
         ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
             Ok(l) => Some(l),
             Err(e) if *explicit => {
-                log::error!("binding the probe address {addr} failed: {}", io_kind(&e));
+                log::error!(
+                    "binding the probe address {addr} (--probe-addr) failed: {}",
+                    io_kind(&e)
+                );
                 return EXIT_CONFIG;
             }
             Err(e) => {

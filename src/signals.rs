@@ -294,15 +294,20 @@ pub(crate) fn sigprocmask_raw(
     }
 }
 
-/// Blocks every caught signal in the calling thread (call it first in `main`,
-/// before any thread exists, so every later thread inherits the block).
+/// Blocks every caught signal in the calling thread (call it first, before any
+/// thread exists, so every later thread inherits the block).
 ///
-/// Returns the mask drainit inherited.
+/// Returns the mask drainit inherited. Once it succeeded, later calls block
+/// nothing and return the same mask (the first call is made before `main`, the
+/// next by `main` itself).
 ///
 /// # Errors
 /// `rt_sigprocmask(2)` failed (it cannot, with a valid set).
 #[allow(unsafe_code)]
 pub fn block_caught() -> std::io::Result<InheritedMask> {
+    if let Some(m) = INHERITED.get() {
+        return Ok(*m);
+    }
     let mut old = *SigSet::empty().as_ref();
     sigprocmask_raw(libc::SIG_BLOCK, caught_set().as_ref(), Some(&mut old))?;
     // SAFETY: a sigset_t the kernel filled in; its bits are signal numbers 1–64.
