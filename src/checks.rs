@@ -14,15 +14,41 @@
 //! secrets, and probes are reachable by anything on the network.
 
 use std::cell::RefCell;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::{Check, CheckKind};
 use crate::drain::ChildExit;
 use crate::reaper::Reaper;
 use crate::spawn::{HelperOutput, spawn_helper};
+/// Kept here for `supervisor.rs` (`checks::fmt_ms`) until its callers import
+/// [`crate::util::fmt_ms`] directly.
+pub use crate::util::fmt_ms;
+
+/// One readiness check, as configured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// Shown in `/readyz` under `checks`.
+    pub name: String,
+    pub kind: CheckKind,
+    /// Bound on one evaluation.
+    pub timeout: Duration,
+}
+
+/// What a check looks at (DESIGN §7).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckKind {
+    /// `host:port`; passes when a connection is accepted.
+    Tcp(String),
+    /// `http://host:port/path`; passes on status 200–399.
+    Http(String),
+    /// argv, run without a shell; passes on exit status 0.
+    Exec(Vec<String>),
+    /// Passes when the path exists.
+    File(PathBuf),
+}
 
 /// The result of one check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,18 +207,6 @@ impl Checks {
                 })
                 .collect(),
         }
-    }
-}
-
-/// `500ms`, `1s`, `1.5s`.
-pub fn fmt_ms(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else if ms < 1000 {
-        format!("{ms}ms")
-    } else {
-        format!("{}s", ms as f64 / 1000.0)
     }
 }
 

@@ -23,13 +23,11 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use serde::Deserialize;
 
+pub use crate::checks::{Check, CheckKind};
 use crate::drain::SecondSignal;
+use crate::exit;
 use crate::signals::{RewriteMap, Signal};
-
-/// Exit code for a usage error on the command line (BSD `EX_USAGE`).
-pub const EXIT_USAGE: i32 = 64;
-/// Exit code for a configuration error (BSD `EX_CONFIG`).
-pub const EXIT_CONFIG: i32 = 78;
+use crate::util::io_word_or_text;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -157,29 +155,6 @@ pub enum ForwardTo {
     Group,
 }
 
-/// One readiness check.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Check {
-    /// Shown in `/readyz` under `checks`.
-    pub name: String,
-    pub kind: CheckKind,
-    /// Bound on one evaluation.
-    pub timeout: Duration,
-}
-
-/// What a check looks at (DESIGN §7).
-#[derive(Clone, Debug, PartialEq)]
-pub enum CheckKind {
-    /// `host:port`; passes when a connection is accepted.
-    Tcp(String),
-    /// `http://host:port/path`; passes on status 200–399.
-    Http(String),
-    /// argv, run without a shell; passes on exit status 0.
-    Exec(Vec<String>),
-    /// Passes when the path exists.
-    File(PathBuf),
-}
-
 /// One teardown step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TeardownStep {
@@ -253,13 +228,13 @@ pub struct ConfigError {
 impl ConfigError {
     fn usage(message: String) -> ConfigError {
         ConfigError {
-            code: EXIT_USAGE,
+            code: exit::USAGE,
             message,
         }
     }
     fn config(message: String) -> ConfigError {
         ConfigError {
-            code: EXIT_CONFIG,
+            code: exit::CONFIG,
             message,
         }
     }
@@ -344,7 +319,7 @@ impl Origin<'_> {
                 ))
             }
             Origin::Default => ConfigError {
-                code: 1,
+                code: exit::INTERNAL,
                 message: format!("built-in default is invalid: {msg}"),
             },
         }
@@ -556,7 +531,7 @@ fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
                 dir.display()
             ));
         }
-        Err(e) => return Err(format!("'{s}': {}: {}", dir.display(), io_kind(&e))),
+        Err(e) => return Err(format!("'{s}': {}: {}", dir.display(), io_word_or_text(&e))),
     }
     let writable =
         |p: &std::path::Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
@@ -764,27 +739,62 @@ fn env_name(id: &str) -> String {
 /// naming the flag, variable or key.
 pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigError> {
     check_env_utf8(env)?;
-    let m = match Cli::command().try_get_matches_from(args) {
+    let m = match Cli::command().try_get_matches_from(&args) {
         Ok(m) => m,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            let code = match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
-                // clap's own exit code 2 would read as "abandoned" (DESIGN §3).
-                _ => {
-                    // A bad value that clap read from the environment is a
-                    // configuration error, not a usage error.
-                    EXIT_USAGE
-                }
-            };
-            return Err(ConfigError {
-                code,
-                message: e.render().to_string(),
-            });
-        }
+        Err(e) => return Err(clap_error(e, &args)),
     };
     let cli = Cli::from_arg_matches(&m).map_err(|e| ConfigError::usage(e.to_string()))?;
     resolve(cli, &m, env)
+}
+
+/// The [`ConfigError`] for an error of clap's: `--help` / `--version` as code 0 with
+/// the text for stdout; a value clap read from `DRAINIT_*` and refused (an empty
+/// `DRAINIT_CONFIG`: clap reads the scalar flags' variables itself) as 78 naming
+/// the variable, like every other environment error (DESIGN §3); anything else as
+/// 64, never clap's own 2, which would read as "abandoned".
+fn clap_error(e: clap::Error, args: &[OsString]) -> ConfigError {
+    use clap::error::{ContextKind, ErrorKind};
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        return ConfigError {
+            code: exit::CLEAN,
+            message: e.render().to_string(),
+        };
+    }
+    // The argument the error names (`--config <PATH>`), and its variable.
+    let var = e.get(ContextKind::InvalidArg).and_then(|arg| {
+        let long = arg.to_string();
+        let long = long
+            .strip_prefix("--")?
+            .split([' ', '='])
+            .next()?
+            .to_string();
+        let cmd = Cli::command();
+        let var = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(&long))?
+            .get_env()?;
+        Some(var.to_string_lossy().into_owned())
+    });
+    // From the environment when the same command line without any variable parses.
+    let from_env = var.filter(|_| {
+        Cli::command()
+            .mut_args(|a| a.env(None::<&str>))
+            .try_get_matches_from(args)
+            .is_ok()
+    });
+    match from_env {
+        Some(var) => {
+            // clap reads the process environment itself, not `Env`.
+            let why = match std::env::var_os(&var) {
+                Some(v) if v.is_empty() => "the value is empty".to_string(),
+                _ => e.kind().as_str().unwrap_or("refused").to_lowercase(),
+            };
+            ConfigError::config(format!(
+                "invalid value in environment variable {var}: {why}"
+            ))
+        }
+        None => ConfigError::usage(e.render().to_string()),
+    }
 }
 
 /// The largest config file drainit reads: a real one is a few hundred bytes.
@@ -801,15 +811,15 @@ fn read_text(path: &std::path::Path) -> Result<String, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(|e| io_kind(&e))?;
-    let meta = file.metadata().map_err(|e| io_kind(&e))?;
+        .map_err(|e| io_word_or_text(&e))?;
+    let meta = file.metadata().map_err(|e| io_word_or_text(&e))?;
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_FILE + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| io_kind(&e))?;
+        .map_err(|e| io_word_or_text(&e))?;
     if bytes.len() as u64 > MAX_CONFIG_FILE {
         return Err(format!("larger than {} KiB", MAX_CONFIG_FILE / 1024));
     }
@@ -855,14 +865,6 @@ fn key_of_value_at(text: &str, at: usize) -> Option<&str> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
     .then_some(key)
-}
-
-fn io_kind(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "not found".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
-    }
 }
 
 fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigError> {
@@ -1034,7 +1036,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             // A missing directory is a fact of the system, not a typo in the
             // syntax: 78 even on the command line, like a taken probe port.
             check_report_file(v).map_err(|e| ConfigError {
-                code: EXIT_CONFIG,
+                code: exit::CONFIG,
                 message: origin.error(&e).message,
             })?
         }
@@ -1324,7 +1326,7 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
 fn resolve_user(v: &str, origin: &Origin<'_>) -> Result<crate::user::Identity, ConfigError> {
     use crate::user::{UserError, resolve};
     let as_config = |msg: String| ConfigError {
-        code: EXIT_CONFIG,
+        code: exit::CONFIG,
         message: origin.error(&msg).message,
     };
     let id = resolve(
@@ -1854,7 +1856,7 @@ mod tests {
         assert!(load(&["--ready-tcp", "localhost", "true"], &[]).is_err());
         // Names other than localhost are refused, naming the flag and the reason.
         let e = load(&["--ready-tcp", "db:5432", "true"], &[]).unwrap_err();
-        assert_eq!(e.code, EXIT_USAGE);
+        assert_eq!(e.code, exit::USAGE);
         assert!(
             e.message.contains("--ready-tcp") && e.message.contains("IP address or localhost"),
             "{}",

@@ -101,6 +101,7 @@
 pub mod checks;
 pub mod config;
 pub mod drain;
+pub mod exit;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
@@ -113,3 +114,4 @@ pub mod signals;
 pub mod spawn;
 pub mod supervisor;
 pub mod user;
+pub mod util;

@@ -11,8 +11,10 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::rc::Rc;
 
+use drainit::checks::CheckKind;
 use drainit::checks::Checks;
-use drainit::config::{self, EXIT_CONFIG, ProbeAddr, ProcessEnv};
+use drainit::config::{self, ProbeAddr, ProcessEnv};
+use drainit::exit;
 use drainit::logging;
 use drainit::notify::{self, AppSocket, Systemd};
 use drainit::probe::{self, Published};
@@ -21,9 +23,7 @@ use drainit::report::Report;
 use drainit::signals::{self, SignalStream};
 use drainit::spawn::{self, ChildSpec};
 use drainit::supervisor::Supervisor;
-
-/// drainit itself failed (DESIGN §3).
-const EXIT_INTERNAL: i32 = 1;
+use drainit::util::io_word_or_text;
 
 // drainit has its own C `main`: std's start-up (a stack-overflow handler found by
 // reading /proc/self/maps, an alternate signal stack, the SIGSEGV/SIGBUS handlers,
@@ -38,7 +38,7 @@ const EXIT_INTERNAL: i32 = 1;
 extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
     use std::os::unix::ffi::OsStrExt;
     if std_start().is_err() {
-        return EXIT_INTERNAL;
+        return exit::INTERNAL;
     }
     // SAFETY: the C runtime passes `argc` valid NUL-terminated strings in `argv`.
     let args: Vec<OsString> = (0..usize::try_from(argc).unwrap_or(0))
@@ -48,7 +48,7 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
         })
         .collect();
     // A panic outside the runtime's tasks is drainit failing (1), not an abort.
-    let code = std::panic::catch_unwind(|| run(args)).unwrap_or(EXIT_INTERNAL);
+    let code = std::panic::catch_unwind(|| run(args)).unwrap_or(exit::INTERNAL);
     // Exits without a report (errors before the spawn, --check-config) must not
     // lose queued log lines; the wait is bounded, a stuck stderr cannot hold it.
     logging::flush(logging::FINAL_WRITE_BOUND);
@@ -149,15 +149,15 @@ fn run(args: Vec<OsString>) -> i32 {
                 std::io::stderr(),
                 "drainit: error: blocking signals failed: {e}"
             );
-            return EXIT_INTERNAL;
+            return exit::INTERNAL;
         }
     };
     let inherited = inherited_fds();
     let mut cfg = match config::load_from(args, &ProcessEnv) {
         Ok(c) => c,
-        Err(e) if e.code == 0 => {
+        Err(e) if e.code == exit::CLEAN => {
             let _ = std::io::stdout().write_all(e.message.as_bytes());
-            return 0;
+            return exit::CLEAN;
         }
         Err(e) => {
             let msg = e.message.trim_end();
@@ -179,7 +179,7 @@ fn run(args: Vec<OsString>) -> i32 {
         if !budget.fits() {
             log::warn!("grace budget: {budget}");
         }
-        return 0;
+        return exit::CLEAN;
     }
     let budget = cfg.budget();
     let delay_note = cfg.pre_drain_delay_note();
@@ -198,14 +198,14 @@ fn run(args: Vec<OsString>) -> i32 {
             Err(e) if *explicit => {
                 log::error!(
                     "binding the probe address {addr} (--probe-addr) failed: {}",
-                    io_kind(&e)
+                    io_word_or_text(&e)
                 );
-                return EXIT_CONFIG;
+                return exit::CONFIG;
             }
             Err(e) => {
                 log::warn!(
                     "binding the default probe address {addr} failed ({}); running without probes",
-                    io_kind(&e)
+                    io_word_or_text(&e)
                 );
                 None
             }
@@ -220,7 +220,7 @@ fn run(args: Vec<OsString>) -> i32 {
             Ok(s) => Some(s),
             Err(e) => {
                 log::error!("creating the notify socket failed: {e}");
-                return EXIT_INTERNAL;
+                return exit::INTERNAL;
             }
         }
     } else {
@@ -240,7 +240,7 @@ fn run(args: Vec<OsString>) -> i32 {
         Ok(r) => r,
         Err(e) => {
             log::error!("starting the runtime failed: {e}");
-            return EXIT_INTERNAL;
+            return exit::INTERNAL;
         }
     };
     let local = tokio::task::LocalSet::new();
@@ -253,7 +253,7 @@ fn run(args: Vec<OsString>) -> i32 {
                 Ok(s) => s,
                 Err(e) => {
                     log::error!("opening the signalfd failed: {e}");
-                    return EXIT_INTERNAL;
+                    return exit::INTERNAL;
                 }
             };
             let reaper = Rc::new(RefCell::new(Reaper::new()));
@@ -362,7 +362,7 @@ fn warn_unrunnable(cfg: &config::Config) {
         .iter()
         .map(|t| ("teardown step", t.name.as_str(), &t.argv));
     let checks = cfg.checks.iter().filter_map(|c| match &c.kind {
-        config::CheckKind::Exec(argv) => Some(("exec check", c.name.as_str(), argv)),
+        CheckKind::Exec(argv) => Some(("exec check", c.name.as_str(), argv)),
         _ => None,
     });
     for (what, name, argv) in steps.chain(checks) {
@@ -385,7 +385,7 @@ fn anchor_paths(cfg: &mut config::Config) {
         *p = cwd.join(&*p);
     }
     for c in &mut cfg.checks {
-        if let config::CheckKind::File(p) = &mut c.kind {
+        if let CheckKind::File(p) = &mut c.kind {
             *p = cwd.join(&*p);
         }
     }
@@ -398,14 +398,5 @@ fn hold_nothing(inherited: &[i32]) {
     }
     if let Err(e) = std::env::set_current_dir("/") {
         log::debug!("changing directory to / failed: {e}");
-    }
-}
-
-fn io_kind(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::AddrInUse => "address in use".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        std::io::ErrorKind::AddrNotAvailable => "address not available".into(),
-        _ => e.to_string(),
     }
 }

@@ -61,6 +61,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::drain::Phase;
 use crate::probe::Published;
+use crate::util::{fmt_ms, sleep_until};
 
 /// The largest datagram read; longer ones are truncated by the kernel and ignored.
 /// systemd reads at most this much too (`NOTIFY_BUFFER_MAX`, `PIPE_BUF`).
@@ -558,7 +559,7 @@ impl App {
                 .map(|w| tokio::time::Instant::now() + w);
             log::info!(
                 "the app set its watchdog to {}",
-                w.map_or("off".into(), crate::checks::fmt_ms)
+                w.map_or("off".into(), fmt_ms)
             );
         }
         if m.beat
@@ -610,7 +611,7 @@ impl App {
         self.deadline = None;
         log::warn!(
             "the app's watchdog expired: no WATCHDOG=1 for {}; /healthz fails",
-            self.interval.map_or("?".into(), crate::checks::fmt_ms)
+            self.interval.map_or("?".into(), fmt_ms)
         );
         self.set_watchdog_ok(false);
     }
@@ -627,13 +628,6 @@ impl App {
 /// Whether the app's watchdog applies in this phase (not once a drain started).
 fn watchdog_applies(phase: Phase) -> bool {
     matches!(phase, Phase::Starting | Phase::Ready)
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

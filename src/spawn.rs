@@ -24,6 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use nix::sys::signal::{SigSet, Signal as NixSignal};
 use nix::unistd::{getpgrp, isatty, tcgetpgrp};
 
+use crate::exit;
 use crate::signals::InheritedMask;
 
 /// Why the command could not be started.
@@ -41,9 +42,9 @@ impl SpawnError {
     /// The exit code of DESIGN §3.
     pub fn exit_code(&self) -> i32 {
         match self {
-            SpawnError::NotFound(_) => 127,
-            SpawnError::CannotExecute(..) => 126,
-            SpawnError::Nul(_) => crate::config::EXIT_USAGE,
+            SpawnError::NotFound(_) => exit::NOT_FOUND,
+            SpawnError::CannotExecute(..) => exit::CANNOT_EXECUTE,
+            SpawnError::Nul(_) => exit::USAGE,
         }
     }
 
@@ -414,13 +415,7 @@ fn env_entry(k: &std::ffi::OsStr, v: &std::ffi::OsStr) -> Vec<u8> {
 /// script without `#!` in the musl build), `is a directory`, or `cannot execute`
 /// (never the error's text).
 pub fn io_error_kind(e: &io::Error) -> String {
-    match (e.kind(), e.raw_os_error()) {
-        (io::ErrorKind::NotFound, _) => "not found".into(),
-        (io::ErrorKind::PermissionDenied, _) => "permission denied".into(),
-        (_, Some(libc::ENOEXEC)) => "exec format error".into(),
-        (_, Some(libc::EISDIR)) => "is a directory".into(),
-        _ => "cannot execute".into(),
-    }
+    crate::util::io_word(e).unwrap_or("cannot execute").into()
 }
 
 /// Whether `program` names something `execvpe` could run: a path (with a `/`,

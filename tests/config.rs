@@ -438,3 +438,31 @@ fn a_missing_helper_program_is_warned_about_at_start() {
         o.stderr
     );
 }
+
+/// A value clap itself reads from the environment and refuses (an empty
+/// `DRAINIT_CONFIG`) is an environment error like any other: 78, naming the
+/// variable (DESIGN §3), while the same mistake on the command line stays 64.
+#[test]
+fn a_value_clap_refuses_in_the_environment_is_78_naming_the_variable() {
+    let tmp = TmpDir::new("clapenv");
+    let witness = tmp.join("started");
+    let touch = format!("touch {}", witness.display());
+    let o = run(
+        &["--probe-addr", "off", "--", "sh", "-c", &touch],
+        &[("DRAINIT_CONFIG", "")],
+    );
+    assert_eq!(o.code, 78, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("invalid value in environment variable DRAINIT_CONFIG: the value is empty"),
+        "{}",
+        o.stderr
+    );
+    let o = run(
+        &["--probe-addr", "off", "--config=", "--", "sh", "-c", &touch],
+        &[],
+    );
+    assert_eq!(o.code, 64, "{}", o.stderr);
+    assert!(o.stderr.contains("--config"), "{}", o.stderr);
+    assert!(!witness.exists(), "the child was started");
+}
