@@ -12,6 +12,12 @@
 //! drainit uses. Values are kept as strings until then so that an error can name
 //! where the value came from: the flag, the `DRAINIT_*` variable, or the file's key
 //! with its line and column.
+//!
+//! Settings as data (`settings.rs`): each setting is one [`Cli`] field (its flag,
+//! variable and help) and one entry of a table that gives its file key, default,
+//! validation and `--check-config` line; one lookup by precedence serves every
+//! setting, lists included. The readiness checks and the teardown steps, which are
+//! tables in the file, are resolved by a function each.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -19,15 +25,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
-use serde::Deserialize;
 
 pub use crate::checks::{Check, CheckKind};
 use crate::drain::SecondSignal;
 use crate::exit;
 use crate::signals::{RewriteMap, Signal};
 use crate::util::io_word_or_text;
+
+mod settings;
+use settings::{FileCheck, FileConfig, Given, Resolver, SETTINGS, env_name, fmt_dur, q, q_list};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -203,9 +210,13 @@ pub struct Config {
     pub forward_to: ForwardTo,
     pub rewrite: RewriteMap,
     pub checks: Vec<Check>,
+    /// `--check-timeout`: the timeout of each check that sets none of its own.
+    pub check_timeout: Duration,
     pub ready_notify: bool,
     pub ready_interval: Duration,
     pub teardown: Vec<TeardownStep>,
+    /// `--teardown-timeout`: the timeout of each step that sets none of its own.
+    pub teardown_timeout: Duration,
     pub report_file: Option<PathBuf>,
     /// `--user`: whom the child runs as; `None`: as drainit.
     pub user: Option<crate::user::Identity>,
@@ -240,56 +251,12 @@ impl ConfigError {
     }
 }
 
-/// The TOML file's shape (`--config`). Unknown keys are rejected.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    probe_addr: Option<toml::Spanned<String>>,
-    pre_drain_delay: Option<toml::Spanned<String>>,
-    drain_timeout: Option<toml::Spanned<String>>,
-    grace_period: Option<toml::Spanned<String>>,
-    strict_budget: Option<bool>,
-    drain_signal: Option<toml::Spanned<Vec<toml::Spanned<String>>>>,
-    second_signal: Option<toml::Spanned<String>>,
-    forward_to: Option<toml::Spanned<String>>,
-    rewrite: Option<Vec<toml::Spanned<String>>>,
-    ready_notify: Option<bool>,
-    check_timeout: Option<toml::Spanned<String>>,
-    ready_interval: Option<toml::Spanned<String>>,
-    teardown_timeout: Option<toml::Spanned<String>>,
-    report_file: Option<toml::Spanned<String>>,
-    user: Option<toml::Spanned<String>>,
-    log_format: Option<toml::Spanned<String>>,
-    log_level: Option<toml::Spanned<String>>,
-    /// Spanned, so that an error about a whole entry has a line and column.
-    #[serde(default)]
-    check: Vec<toml::Spanned<FileCheck>>,
-    #[serde(default)]
-    teardown: Vec<toml::Spanned<FileTeardown>>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileCheck {
-    name: Option<String>,
-    tcp: Option<toml::Spanned<String>>,
-    http: Option<toml::Spanned<String>>,
-    exec: Option<Vec<String>>,
-    file: Option<toml::Spanned<String>>,
-    timeout: Option<toml::Spanned<String>>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileTeardown {
-    name: Option<String>,
-    command: Vec<String>,
-    timeout: Option<toml::Spanned<String>>,
-}
-
 /// Where a value came from, for the error message.
+#[derive(Clone, Debug)]
 enum Origin<'a> {
-    Flag(&'static str),
+    /// The flag, without its dashes (`pre-drain-delay`).
+    Flag(String),
+    /// The variable (`DRAINIT_PRE_DRAIN_DELAY`).
     Env(String),
     File {
         path: &'a str,
@@ -322,6 +289,16 @@ impl Origin<'_> {
                 code: exit::INTERNAL,
                 message: format!("built-in default is invalid: {msg}"),
             },
+        }
+    }
+
+    /// [`Origin::error`], but 78 wherever the value came from: for a value that is
+    /// well formed but refused by a fact of the system (a missing directory, a
+    /// user the image does not know).
+    fn config_error(&self, msg: &str) -> ConfigError {
+        ConfigError {
+            code: exit::CONFIG,
+            message: self.error(msg).message,
         }
     }
 }
@@ -635,102 +612,6 @@ fn check_env_utf8(env: &dyn Env) -> Result<(), ConfigError> {
     Ok(())
 }
 
-struct Resolver<'a> {
-    m: &'a ArgMatches,
-    env: &'a dyn Env,
-    path: String,
-    text: String,
-}
-
-impl Resolver<'_> {
-    /// flag (or its clap-read env var) > file > default.
-    fn scalar<T>(
-        &self,
-        id: &'static str,
-        cli: &Option<String>,
-        file: &Option<toml::Spanned<String>>,
-        default: &str,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<T, ConfigError> {
-        if let Some(v) = cli {
-            let origin = match self.m.value_source(id) {
-                Some(ValueSource::EnvVariable) => Origin::Env(env_name(id)),
-                _ => Origin::Flag(flag_name(id)),
-            };
-            return parse(v).map_err(|e| origin.error(&e));
-        }
-        if let Some(v) = file {
-            return parse(v.get_ref()).map_err(|e| self.file_origin(id, v.span()).error(&e));
-        }
-        parse(default).map_err(|e| Origin::Default.error(&e))
-    }
-
-    /// An error about a whole `[[check]]` or `[[teardown]]` entry, at its position.
-    fn entry_error(&self, span: std::ops::Range<usize>, msg: &str) -> ConfigError {
-        let (line, col) = line_col(&self.text, span.start);
-        ConfigError::config(format!("{}:{line}:{col}: {msg}", self.path))
-    }
-
-    fn file_origin(&self, key: &'static str, span: std::ops::Range<usize>) -> Origin<'_> {
-        Origin::File {
-            path: &self.path,
-            text: &self.text,
-            key,
-            span,
-        }
-    }
-
-    /// A repeatable flag: the command line, else `DRAINIT_<FLAG>` split on commas,
-    /// else `None` (the caller falls back to the file).
-    fn list(&self, id: &'static str, cli: &[String]) -> Option<(Vec<String>, Origin<'static>)> {
-        if !cli.is_empty() {
-            return Some((cli.to_vec(), Origin::Flag(flag_name(id))));
-        }
-        let var = env_name(id);
-        let v = self.env.get(&var)?;
-        let items: Vec<String> = v
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        Some((items, Origin::Env(var)))
-    }
-}
-
-fn flag_name(id: &'static str) -> &'static str {
-    // clap ids are the field names; flags are the same with dashes.
-    match id {
-        "probe_addr" => "probe-addr",
-        "pre_drain_delay" => "pre-drain-delay",
-        "drain_timeout" => "drain-timeout",
-        "grace_period" => "grace-period",
-        "strict_budget" => "strict-budget",
-        "drain_signal" => "drain-signal",
-        "second_signal" => "second-signal",
-        "forward_to" => "forward-to",
-        "rewrite" => "rewrite",
-        "ready_tcp" => "ready-tcp",
-        "ready_http" => "ready-http",
-        "ready_exec" => "ready-exec",
-        "ready_file" => "ready-file",
-        "ready_notify" => "ready-notify",
-        "check_timeout" => "check-timeout",
-        "ready_interval" => "ready-interval",
-        "teardown" => "teardown",
-        "teardown_timeout" => "teardown-timeout",
-        "report_file" => "report-file",
-        "user" => "user",
-        "log_format" => "log-format",
-        "log_level" => "log-level",
-        _ => id,
-    }
-}
-
-fn env_name(id: &str) -> String {
-    format!("DRAINIT_{}", id.to_ascii_uppercase())
-}
-
 /// Parses the process's command line and environment and the config file.
 ///
 /// # Errors
@@ -875,349 +756,121 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
         }
         None => (FileConfig::default(), String::new(), String::new()),
     };
-    let r = Resolver { m, env, path, text };
-
-    let probe = r.scalar(
-        "probe_addr",
-        &cli.probe_addr,
-        &file.probe_addr,
-        "0.0.0.0:8079",
-        parse_probe_addr,
-    )?;
-    let explicit = cli.probe_addr.is_some() || file.probe_addr.is_some();
-    let probe_addr = match probe {
-        None => ProbeAddr::Off,
-        Some(addr) => ProbeAddr::Listen { addr, explicit },
+    let r = Resolver {
+        m,
+        env,
+        file,
+        path,
+        text,
     };
-
-    // Plain-millisecond variables rank below DRAINIT_* and above the file.
-    let ms_env = |var: &str| -> Result<Option<Duration>, ConfigError> {
-        match env.get(var) {
-            None => Ok(None),
-            Some(v) => {
-                let n = v.trim().parse::<u64>().map_err(|_| {
-                    ConfigError::config(format!(
-                        "invalid value in environment variable {var}: '{v}' is not a whole number of milliseconds"
-                    ))
-                })?;
-                at_most_max(Duration::from_millis(n)).map(Some).map_err(|max| {
-                    ConfigError::config(format!(
-                        "invalid value in environment variable {var}: '{v}' is too long: at most {max} (604800000)"
-                    ))
-                })
-            }
-        }
-    };
-    let delay_ms = ms_env("PRE_DRAIN_DELAY_MS")?;
-    let pre_drain_delay_rule =
-        if cli.pre_drain_delay.is_some() || delay_ms.is_some() || file.pre_drain_delay.is_some() {
-            DelayRule::Explicit
-        } else if env
-            .get("KUBERNETES_SERVICE_HOST")
-            .is_some_and(|v| !v.trim().is_empty())
-        {
-            DelayRule::Kubernetes
-        } else {
-            DelayRule::WhenRouted
-        };
-    let pre_drain_delay = match (&cli.pre_drain_delay, delay_ms) {
-        (None, Some(d)) => d,
-        _ => r.scalar(
-            "pre_drain_delay",
-            &cli.pre_drain_delay,
-            &file.pre_drain_delay,
-            "5s",
-            parse_duration,
-        )?,
-    };
-    let drain_timeout = match (&cli.drain_timeout, ms_env("DRAIN_TIMEOUT_MS")?) {
-        (None, Some(d)) => d,
-        _ => r.scalar(
-            "drain_timeout",
-            &cli.drain_timeout,
-            &file.drain_timeout,
-            "20s",
-            parse_duration,
-        )?,
-    };
-    let grace_period = r.scalar(
-        "grace_period",
-        &cli.grace_period,
-        &file.grace_period,
-        "30s",
-        parse_duration,
-    )?;
-    let strict_budget = match &cli.strict_budget {
-        Some(_) => r.scalar(
-            "strict_budget",
-            &cli.strict_budget,
-            &None,
-            "false",
-            parse_bool,
-        )?,
-        None => file.strict_budget.unwrap_or(false),
-    };
-    let ready_notify = match &cli.ready_notify {
-        Some(_) => r.scalar(
-            "ready_notify",
-            &cli.ready_notify,
-            &None,
-            "false",
-            parse_bool,
-        )?,
-        None => file.ready_notify.unwrap_or(false),
-    };
-    let second_signal = r.scalar(
-        "second_signal",
-        &cli.second_signal,
-        &file.second_signal,
-        "skip",
-        parse_second,
-    )?;
-    let forward_to = r.scalar(
-        "forward_to",
-        &cli.forward_to,
-        &file.forward_to,
-        "child",
-        parse_forward,
-    )?;
-    let check_timeout = r.scalar(
-        "check_timeout",
-        &cli.check_timeout,
-        &file.check_timeout,
-        "1s",
-        parse_duration,
-    )?;
-    let ready_interval = r.scalar(
-        "ready_interval",
-        &cli.ready_interval,
-        &file.ready_interval,
-        "100ms",
-        parse_duration,
-    )?;
-    if ready_interval.is_zero() {
-        let origin = match (m.value_source("ready_interval"), &file.ready_interval) {
-            (Some(ValueSource::CommandLine), _) => Origin::Flag("ready-interval"),
-            (Some(_), _) => Origin::Env(env_name("ready_interval")),
-            (None, Some(v)) => r.file_origin("ready_interval", v.span()),
-            (None, None) => Origin::Default,
-        };
-        return Err(origin.error("must be greater than 0"));
+    let mut config = Config::unset(cli.check_config, cli.command);
+    for s in &SETTINGS {
+        (s.set)(&mut config, &r.given(s)?)?;
     }
-    let teardown_timeout = r.scalar(
-        "teardown_timeout",
-        &cli.teardown_timeout,
-        &file.teardown_timeout,
-        "5s",
-        parse_duration,
-    )?;
-    let log_format = r.scalar(
-        "log_format",
-        &cli.log_format,
-        &file.log_format,
-        "text",
-        parse_format,
-    )?;
-    let log_level = r.scalar(
-        "log_level",
-        &cli.log_level,
-        &file.log_level,
-        "info",
-        parse_level,
-    )?;
-    // An empty value means no report file. Where the directory cannot hold the
-    // report, say so now, not at exit when the report is lost.
-    let report_file = match (&cli.report_file, &file.report_file) {
-        (Some(v), _) => {
-            let origin = match m.value_source("report_file") {
-                Some(ValueSource::EnvVariable) => Origin::Env(env_name("report_file")),
-                _ => Origin::Flag(flag_name("report_file")),
-            };
-            // A missing directory is a fact of the system, not a typo in the
-            // syntax: 78 even on the command line, like a taken probe port.
-            check_report_file(v).map_err(|e| ConfigError {
-                code: exit::CONFIG,
-                message: origin.error(&e).message,
-            })?
-        }
-        (None, Some(v)) => check_report_file(v.get_ref())
-            .map_err(|e| r.file_origin("report_file", v.span()).error(&e))?,
-        (None, None) => None,
-    };
+    config.checks = resolve_checks(&r, config.check_timeout)?;
+    config.teardown = resolve_teardown(&r, config.teardown_timeout)?;
+    if let Some(v) = &cli.probe {
+        let path = parse_probe_path(v).map_err(|e| Origin::Flag("probe".into()).error(&e))?;
+        config.probe_client = Some(path);
+    }
+    if config.probe_client.is_some() && !config.command.is_empty() {
+        return Err(ConfigError::usage(
+            "--probe checks a running drainit and starts nothing: give no command".into(),
+        ));
+    }
+    if config.command.is_empty() && !config.check_config && config.probe_client.is_none() {
+        return Err(ConfigError::usage(
+            "no command given\n\nUsage: drainit [FLAGS] [--] CMD [ARGS...]\n\nFor more information, try '--help'.".into(),
+        ));
+    }
+    if config.strict_budget && !config.budget().fits() {
+        return Err(ConfigError::config(format!(
+            "the grace budget does not fit (--strict-budget): {}",
+            config.budget()
+        )));
+    }
+    Ok(config)
+}
 
-    let user = match (&cli.user, &file.user) {
-        (Some(v), _) => {
-            let origin = match m.value_source("user") {
-                Some(ValueSource::EnvVariable) => Origin::Env(env_name("user")),
-                _ => Origin::Flag(flag_name("user")),
-            };
-            Some(resolve_user(v, &origin)?)
-        }
-        (None, Some(v)) => Some(resolve_user(v.get_ref(), &r.file_origin("user", v.span()))?),
-        (None, None) => None,
-    };
+/// A drain signal: one drainit catches, and not SIGCHLD (its own).
+fn parse_drain_signal(v: &str) -> Result<Signal, String> {
+    let sig = Signal::parse(v, false)?;
+    if sig.is_caught() && sig != Signal::CHLD {
+        Ok(sig)
+    } else {
+        Err(format!(
+            "{sig} cannot be a drain signal (it is never caught)"
+        ))
+    }
+}
 
-    // Lists: the command line or DRAINIT_* replaces the file's list.
-    let drain_signal = |v: &str| -> Result<Signal, String> {
-        let sig = Signal::parse(v, false)?;
-        if sig.is_caught() && sig != Signal::CHLD {
-            Ok(sig)
-        } else {
-            Err(format!(
-                "{sig} cannot be a drain signal (it is never caught)"
-            ))
-        }
-    };
-    let none_given = "at least one signal is needed";
-    let drain_signals = match r.list("drain_signal", &cli.drain_signal) {
-        Some((vals, origin)) => {
-            if vals.is_empty() {
-                return Err(origin.error(none_given));
-            }
-            vals.iter()
-                .map(|v| drain_signal(v).map_err(|e| origin.error(&e)))
-                .collect::<Result<Vec<_>, _>>()?
-        }
-        None => match &file.drain_signal {
-            Some(list) => {
-                if list.get_ref().is_empty() {
-                    return Err(r.file_origin("drain_signal", list.span()).error(none_given));
-                }
-                list.get_ref()
-                    .iter()
-                    .map(|v| {
-                        drain_signal(v.get_ref())
-                            .map_err(|e| r.file_origin("drain_signal", v.span()).error(&e))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-            }
-            None => vec![Signal::TERM, Signal::INT, Signal::QUIT],
-        },
-    };
-
-    // Rewrites: FROM must be a signal drainit receives, and one FROM has one TO.
+/// `--rewrite` pairs: FROM must be a signal drainit receives and forwards, and one
+/// FROM has one TO (the same pair twice is one).
+fn rewrite_map(g: &Given<'_>) -> Result<RewriteMap, ConfigError> {
     let mut rewrite = RewriteMap::default();
-    let mut rewritten: Vec<(Signal, Signal, String)> = Vec::new();
-    let mut add_rewrite = |pair: &str| -> Result<(), String> {
-        let (from, to) = RewriteMap::parse_pair(pair)?;
+    let mut rewritten: Vec<(Signal, Signal, &str)> = Vec::new();
+    for (pair, origin) in &g.items {
+        let (from, to) = RewriteMap::parse_pair(pair).map_err(|e| origin.error(&e))?;
         // Rewriting applies to what drainit receives and forwards: KILL, STOP and
         // the never-caught signals never reach it, and SIGCHLD is its own.
         if !from.is_caught() {
-            return Err(format!(
+            return Err(origin.error(&format!(
                 "'{pair}': drainit never receives {from}, so it cannot be rewritten"
-            ));
+            )));
         }
         if from == Signal::CHLD {
-            return Err(format!(
+            return Err(origin.error(&format!(
                 "'{pair}': drainit never forwards {from}, so it cannot be rewritten"
-            ));
+            )));
         }
         if let Some((_, other_to, other)) = rewritten.iter().find(|(f, _, _)| *f == from) {
             if *other_to == to {
-                return Ok(());
+                continue;
             }
-            return Err(format!(
+            return Err(origin.error(&format!(
                 "'{other}' and '{pair}' both rewrite {from}; give one"
-            ));
+            )));
         }
-        rewritten.push((from, to, pair.trim().to_string()));
+        rewritten.push((from, to, pair.trim()));
         rewrite.insert(from, to);
-        Ok(())
-    };
-    match r.list("rewrite", &cli.rewrite) {
-        Some((vals, origin)) => {
-            for v in vals {
-                add_rewrite(&v).map_err(|e| origin.error(&e))?;
-            }
-        }
-        None => {
-            for v in file.rewrite.iter().flatten() {
-                add_rewrite(v.get_ref())
-                    .map_err(|e| r.file_origin("rewrite", v.span()).error(&e))?;
-            }
-        }
     }
+    Ok(rewrite)
+}
 
-    // Checks.
+/// The readiness checks: `--ready-tcp`, `--ready-http`, `--ready-exec`,
+/// `--ready-file` (or their `DRAINIT_*` lists), or, when none of them is given,
+/// the file's `[[check]]` tables. Names are unique.
+fn resolve_checks(r: &Resolver<'_>, check_timeout: Duration) -> Result<Vec<Check>, ConfigError> {
     let mut checks = Vec::new();
-    let cli_checks = [
-        ("ready_tcp", &cli.ready_tcp),
-        ("ready_http", &cli.ready_http),
-        ("ready_exec", &cli.ready_exec),
-        ("ready_file", &cli.ready_file),
-    ];
-    let mut any_cli = false;
-    for (id, vals) in cli_checks {
-        let Some((vals, origin)) = r.list(id, vals) else {
+    let mut any_given = false;
+    for key in ["ready_tcp", "ready_http", "ready_exec", "ready_file"] {
+        let Some(given) = r.list(key) else {
             continue;
         };
-        any_cli = true;
-        for (i, v) in vals.iter().enumerate() {
-            let kind = match id {
-                "ready_tcp" => CheckKind::Tcp(parse_tcp_target(v).map_err(|e| origin.error(&e))?),
-                "ready_http" => {
-                    CheckKind::Http(parse_http_target(v).map_err(|e| origin.error(&e))?)
-                }
-                "ready_exec" => CheckKind::Exec(parse_words(v).map_err(|e| origin.error(&e))?),
-                _ => CheckKind::File(parse_path(v).map_err(|e| origin.error(&e))?),
-            };
-            let prefix = &id["ready_".len()..];
-            let name = if vals.len() == 1 {
-                prefix.to_string()
-            } else {
-                format!("{prefix}-{}", i + 1)
-            };
+        any_given = true;
+        let kinds = given.each(|v| match key {
+            "ready_tcp" => parse_tcp_target(v).map(CheckKind::Tcp),
+            "ready_http" => parse_http_target(v).map(CheckKind::Http),
+            "ready_exec" => parse_words(v).map(CheckKind::Exec),
+            _ => parse_path(v).map(CheckKind::File),
+        })?;
+        let prefix = &key["ready_".len()..];
+        let one = kinds.len() == 1;
+        for (i, kind) in kinds.into_iter().enumerate() {
             checks.push(Check {
-                name,
+                name: if one {
+                    prefix.to_string()
+                } else {
+                    format!("{prefix}-{}", i + 1)
+                },
                 kind,
                 timeout: check_timeout,
             });
         }
     }
-    if !any_cli {
-        for (i, c) in file.check.iter().enumerate() {
-            let at = |msg: String| r.entry_error(c.span(), &format!("[[check]] #{}: {msg}", i + 1));
-            let c = c.get_ref();
-            let mut kinds: Vec<CheckKind> = Vec::new();
-            if let Some(v) = &c.tcp {
-                let t = parse_tcp_target(v.get_ref())
-                    .map_err(|e| r.file_origin("tcp", v.span()).error(&e))?;
-                kinds.push(CheckKind::Tcp(t));
-            }
-            if let Some(v) = &c.http {
-                let u = parse_http_target(v.get_ref())
-                    .map_err(|e| r.file_origin("http", v.span()).error(&e))?;
-                kinds.push(CheckKind::Http(u));
-            }
-            if let Some(v) = &c.exec {
-                if v.is_empty() {
-                    return Err(at("exec is an empty command".into()));
-                }
-                argv_no_nul(v).map_err(|e| at(format!("exec: {e}")))?;
-                kinds.push(CheckKind::Exec(v.clone()));
-            }
-            if let Some(v) = &c.file {
-                let p = parse_path(v.get_ref())
-                    .map_err(|e| r.file_origin("file", v.span()).error(&e))?;
-                kinds.push(CheckKind::File(p));
-            }
-            if kinds.len() != 1 {
-                return Err(at("needs exactly one of tcp, http, exec, file".into()));
-            }
-            let timeout = match &c.timeout {
-                Some(t) => parse_duration(t.get_ref())
-                    .map_err(|e| r.file_origin("timeout", t.span()).error(&e))?,
-                None => check_timeout,
-            };
-            let name = c.name.clone().unwrap_or_else(|| format!("check-{}", i + 1));
-            checks.push(Check {
-                name,
-                kind: kinds
-                    .into_iter()
-                    .next()
-                    .expect("exactly one kind, checked above"),
-                timeout,
-            });
+    if !any_given {
+        for (i, c) in r.file.check.iter().enumerate() {
+            checks.push(file_check(r, i, c, check_timeout)?);
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -1229,95 +882,90 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             )));
         }
     }
+    Ok(checks)
+}
 
-    // Teardown.
-    let mut teardown = Vec::new();
-    match r.list("teardown", &cli.teardown) {
-        Some((vals, origin)) => {
-            for v in vals {
-                let argv = parse_words(&v).map_err(|e| origin.error(&e))?;
-                let name = step_name(&argv);
-                teardown.push(TeardownStep {
-                    name,
-                    argv,
-                    timeout: teardown_timeout,
-                });
-            }
+/// The `i`-th `[[check]]` table: exactly one of tcp, http, exec, file.
+fn file_check(
+    r: &Resolver<'_>,
+    i: usize,
+    c: &toml::Spanned<FileCheck>,
+    check_timeout: Duration,
+) -> Result<Check, ConfigError> {
+    let at = |msg: String| r.entry_error(c.span(), &format!("[[check]] #{}: {msg}", i + 1));
+    let c = c.get_ref();
+    let mut kinds: Vec<CheckKind> = Vec::new();
+    if let Some(v) = &c.tcp {
+        let t = parse_tcp_target(v.get_ref()).map_err(|e| r.at("tcp", v.span()).error(&e))?;
+        kinds.push(CheckKind::Tcp(t));
+    }
+    if let Some(v) = &c.http {
+        let u = parse_http_target(v.get_ref()).map_err(|e| r.at("http", v.span()).error(&e))?;
+        kinds.push(CheckKind::Http(u));
+    }
+    if let Some(v) = &c.exec {
+        if v.is_empty() {
+            return Err(at("exec is an empty command".into()));
         }
-        None => {
-            for (i, t) in file.teardown.iter().enumerate() {
-                let span = t.span();
-                let t = t.get_ref();
-                if t.command.is_empty() {
-                    return Err(
-                        r.entry_error(span, &format!("[[teardown]] #{}: command is empty", i + 1))
-                    );
-                }
-                if let Err(e) = argv_no_nul(&t.command) {
-                    return Err(
-                        r.entry_error(span, &format!("[[teardown]] #{}: command: {e}", i + 1))
-                    );
-                }
-                let timeout = match &t.timeout {
-                    Some(d) => parse_duration(d.get_ref())
-                        .map_err(|e| r.file_origin("timeout", d.span()).error(&e))?,
-                    None => teardown_timeout,
-                };
-                let name = t.name.clone().unwrap_or_else(|| step_name(&t.command));
-                teardown.push(TeardownStep {
-                    name,
-                    argv: t.command.clone(),
-                    timeout,
-                });
-            }
+        argv_no_nul(v).map_err(|e| at(format!("exec: {e}")))?;
+        kinds.push(CheckKind::Exec(v.clone()));
+    }
+    if let Some(v) = &c.file {
+        let p = parse_path(v.get_ref()).map_err(|e| r.at("file", v.span()).error(&e))?;
+        kinds.push(CheckKind::File(p));
+    }
+    if kinds.len() != 1 {
+        return Err(at("needs exactly one of tcp, http, exec, file".into()));
+    }
+    let timeout = match &c.timeout {
+        Some(t) => parse_duration(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
+        None => check_timeout,
+    };
+    Ok(Check {
+        name: c.name.clone().unwrap_or_else(|| format!("check-{}", i + 1)),
+        kind: kinds.pop().expect("exactly one kind, checked above"),
+        timeout,
+    })
+}
+
+/// The teardown steps: `--teardown` (or `DRAINIT_TEARDOWN`), else the file's
+/// `[[teardown]]` tables, in order.
+fn resolve_teardown(
+    r: &Resolver<'_>,
+    teardown_timeout: Duration,
+) -> Result<Vec<TeardownStep>, ConfigError> {
+    if let Some(given) = r.list("teardown") {
+        let steps = given
+            .each(parse_words)?
+            .into_iter()
+            .map(|argv| TeardownStep {
+                name: step_name(&argv),
+                argv,
+                timeout: teardown_timeout,
+            });
+        return Ok(steps.collect());
+    }
+    let mut steps = Vec::new();
+    for (i, t) in r.file.teardown.iter().enumerate() {
+        let at = |msg: String| r.entry_error(t.span(), &format!("[[teardown]] #{}: {msg}", i + 1));
+        let t = t.get_ref();
+        if t.command.is_empty() {
+            return Err(at("command is empty".into()));
         }
+        argv_no_nul(&t.command).map_err(|e| at(format!("command: {e}")))?;
+        let timeout = match &t.timeout {
+            Some(d) => {
+                parse_duration(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
+            }
+            None => teardown_timeout,
+        };
+        steps.push(TeardownStep {
+            name: t.name.clone().unwrap_or_else(|| step_name(&t.command)),
+            argv: t.command.clone(),
+            timeout,
+        });
     }
-
-    let probe_client = match &cli.probe {
-        None => None,
-        Some(v) => Some(parse_probe_path(v).map_err(|e| Origin::Flag("probe").error(&e))?),
-    };
-    if probe_client.is_some() && !cli.command.is_empty() {
-        return Err(ConfigError::usage(
-            "--probe checks a running drainit and starts nothing: give no command".into(),
-        ));
-    }
-    if cli.command.is_empty() && !cli.check_config && probe_client.is_none() {
-        return Err(ConfigError::usage(
-            "no command given\n\nUsage: drainit [FLAGS] [--] CMD [ARGS...]\n\nFor more information, try '--help'.".into(),
-        ));
-    }
-
-    let config = Config {
-        probe_addr,
-        pre_drain_delay,
-        pre_drain_delay_rule,
-        drain_timeout,
-        grace_period,
-        strict_budget,
-        drain_signals,
-        second_signal,
-        forward_to,
-        rewrite,
-        checks,
-        ready_notify,
-        ready_interval,
-        teardown,
-        report_file,
-        user,
-        check_config: cli.check_config,
-        probe_client,
-        log_format,
-        log_level,
-        command: cli.command,
-    };
-    if config.strict_budget && !config.budget().fits() {
-        return Err(ConfigError::config(format!(
-            "the grace budget does not fit (--strict-budget): {}",
-            config.budget()
-        )));
-    }
-    Ok(config)
+    Ok(steps)
 }
 
 /// `--user` against the image's `/etc` (see [`crate::user`]). A malformed value is
@@ -1325,10 +973,6 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
 /// drainit that is not root, is a fact of the system: 78 wherever it came from.
 fn resolve_user(v: &str, origin: &Origin<'_>) -> Result<crate::user::Identity, ConfigError> {
     use crate::user::{UserError, resolve};
-    let as_config = |msg: String| ConfigError {
-        code: exit::CONFIG,
-        message: origin.error(&msg).message,
-    };
     let id = resolve(
         v.trim(),
         std::path::Path::new("/etc"),
@@ -1336,11 +980,11 @@ fn resolve_user(v: &str, origin: &Origin<'_>) -> Result<crate::user::Identity, C
     )
     .map_err(|e| match e {
         UserError::Syntax(m) => origin.error(&m),
-        UserError::Unknown(m) => as_config(m),
+        UserError::Unknown(m) => origin.config_error(&m),
     })?;
     let me = nix::unistd::geteuid().as_raw();
     if me != 0 {
-        return Err(as_config(format!(
+        return Err(origin.config_error(&format!(
             "switching the child to '{v}' needs drainit to run as root (it runs as uid {me})"
         )));
     }
@@ -1380,11 +1024,6 @@ impl Budget {
     pub fn fits(&self) -> bool {
         self.total().saturating_add(BUDGET_SPARE) <= self.grace_period
     }
-}
-
-/// A duration exactly, in humantime's form (`1m 30s`, `500us`, `0s`).
-fn fmt_dur(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
 }
 
 impl std::fmt::Display for Budget {
@@ -1434,116 +1073,61 @@ impl Config {
         }
     }
 
-    /// The resolved configuration as TOML-like text, for `--check-config`.
+    /// The resolved configuration as TOML-like text, for `--check-config`: one
+    /// line per setting (in the file's order), the checks and teardown steps as
+    /// tables, and the grace budget.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let probe = match &self.probe_addr {
-            ProbeAddr::Off => "off".to_string(),
-            ProbeAddr::Listen { addr, .. } => addr.to_string(),
-        };
-        let q = |v: &str| format!("{v:?}");
-        let _ = writeln!(s, "probe_addr = {}", q(&probe));
-        if self.pre_drain_delay_rule == DelayRule::Explicit {
-            let _ = writeln!(s, "pre_drain_delay = {}", q(&fmt_dur(self.pre_drain_delay)));
-        } else {
-            // Commented out: this text read back as a file would make it explicit.
-            let _ = writeln!(
-                s,
-                "# pre_drain_delay = {}: {}",
-                q(&fmt_dur(self.pre_drain_delay)),
-                self.pre_drain_delay_note()
-            );
+        for setting in &SETTINGS {
+            (setting.show)(self, &mut s);
         }
-        let _ = writeln!(s, "drain_timeout = {}", q(&fmt_dur(self.drain_timeout)));
-        let _ = writeln!(s, "grace_period = {}", q(&fmt_dur(self.grace_period)));
-        let _ = writeln!(s, "strict_budget = {}", self.strict_budget);
-        let sigs: Vec<String> = self
-            .drain_signals
-            .iter()
-            .map(|s| q(&s.to_string()))
-            .collect();
-        let _ = writeln!(s, "drain_signal = [{}]", sigs.join(", "));
-        let second = match self.second_signal {
-            SecondSignal::Skip => "skip",
-            SecondSignal::Ignore => "ignore",
-        };
-        let _ = writeln!(s, "second_signal = {}", q(second));
-        let fwd = match self.forward_to {
-            ForwardTo::Child => "child",
-            ForwardTo::Group => "group",
-        };
-        let _ = writeln!(s, "forward_to = {}", q(fwd));
-        let rw: Vec<String> = self
-            .rewrite
-            .pairs()
-            .into_iter()
-            .map(|(a, b)| {
-                if b.0 == 0 {
-                    q(&format!("{a}:0"))
-                } else {
-                    q(&format!("{a}:{b}"))
-                }
-            })
-            .collect();
-        let _ = writeln!(s, "rewrite = [{}]", rw.join(", "));
-        let _ = writeln!(s, "ready_notify = {}", self.ready_notify);
-        let _ = writeln!(s, "ready_interval = {}", q(&fmt_dur(self.ready_interval)));
-        if let Some(p) = &self.report_file {
-            let _ = writeln!(s, "report_file = {}", q(&p.display().to_string()));
-        }
-        if let Some(u) = &self.user {
-            let groups: Vec<String> = u.groups.iter().map(u32::to_string).collect();
-            let _ = writeln!(
-                s,
-                "user = {}  # uid {}, gid {}, groups {}, HOME={}",
-                q(&u.spec),
-                u.uid,
-                u.gid,
-                groups.join(","),
-                u.home
-            );
-        }
-        let _ = writeln!(
-            s,
-            "log_format = {}",
-            q(if self.log_format == LogFormat::Json {
-                "json"
-            } else {
-                "text"
-            })
-        );
-        let _ = writeln!(
-            s,
-            "log_level = {}",
-            q(&self.log_level.to_string().to_lowercase())
-        );
         for c in &self.checks {
             let _ = writeln!(s, "\n[[check]]\nname = {}", q(&c.name));
             let _ = match &c.kind {
                 CheckKind::Tcp(a) => writeln!(s, "tcp = {}", q(a)),
                 CheckKind::Http(u) => writeln!(s, "http = {}", q(&redact_url(u))),
-                CheckKind::Exec(v) => {
-                    writeln!(
-                        s,
-                        "exec = [{}]",
-                        v.iter().map(|w| q(w)).collect::<Vec<_>>().join(", ")
-                    )
-                }
+                CheckKind::Exec(v) => writeln!(s, "exec = {}", q_list(v)),
                 CheckKind::File(p) => writeln!(s, "file = {}", q(&p.display().to_string())),
             };
             let _ = writeln!(s, "timeout = {}", q(&fmt_dur(c.timeout)));
         }
         for t in &self.teardown {
             let _ = writeln!(s, "\n[[teardown]]\nname = {}", q(&t.name));
-            let _ = writeln!(
-                s,
-                "command = [{}]",
-                t.argv.iter().map(|w| q(w)).collect::<Vec<_>>().join(", ")
-            );
+            let _ = writeln!(s, "command = {}", q_list(&t.argv));
             let _ = writeln!(s, "timeout = {}", q(&fmt_dur(t.timeout)));
         }
         let _ = writeln!(s, "\n# grace budget: {}", self.budget());
         s
+    }
+
+    /// A configuration with every setting at a placeholder, before
+    /// [`SETTINGS`] sets each (from its default when nothing is given).
+    fn unset(check_config: bool, command: Vec<OsString>) -> Config {
+        Config {
+            probe_addr: ProbeAddr::Off,
+            pre_drain_delay: Duration::ZERO,
+            pre_drain_delay_rule: DelayRule::Explicit,
+            drain_timeout: Duration::ZERO,
+            grace_period: Duration::ZERO,
+            strict_budget: false,
+            drain_signals: Vec::new(),
+            second_signal: SecondSignal::Skip,
+            forward_to: ForwardTo::Child,
+            rewrite: RewriteMap::default(),
+            checks: Vec::new(),
+            check_timeout: Duration::ZERO,
+            ready_notify: false,
+            ready_interval: Duration::ZERO,
+            teardown: Vec::new(),
+            teardown_timeout: Duration::ZERO,
+            report_file: None,
+            user: None,
+            check_config,
+            probe_client: None,
+            log_format: LogFormat::Text,
+            log_level: log::LevelFilter::Info,
+            command,
+        }
     }
 
     /// Which pre-drain delay applies and why, for the budget line at start and
