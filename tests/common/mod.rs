@@ -93,6 +93,11 @@ pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option
     }
 }
 
+/// Polls `cond` every 10 ms until it holds (true) or `within` has passed (false).
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    wait_for(within, || cond().then_some(())).is_some()
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -221,10 +226,6 @@ impl Running {
 
     pub fn start_with(s: Start<'_>) -> Running {
         let tmp = TmpDir::new("run");
-        let mark = tmp.join("mark");
-        fs::write(&mark, "").unwrap();
-        let stderr = tmp.join("stderr");
-        let stdout = tmp.join("stdout");
         let mut cmd = match s.mode {
             Mode::Subreaper => Command::new(python()),
             Mode::Pid1 => {
@@ -233,22 +234,56 @@ impl Running {
                 c
             }
         };
-        let launch = fixture("launch.py");
-        let owned: Vec<String> = s
-            .args
-            .iter()
-            .map(|a| a.replace("$TMP", tmp.path().to_str().unwrap()))
-            .collect();
-        let launch_opts: Vec<String> = s
-            .launch
-            .iter()
-            .map(|a| a.replace("$TMP", tmp.path().to_str().unwrap()))
-            .collect();
-        cmd.arg(&launch)
+        let launch_opts: Vec<String> = s.launch.iter().map(|a| in_tmp(a, &tmp)).collect();
+        cmd.arg(fixture("launch.py"))
             .args(&launch_opts)
             .arg("--")
-            .arg(bin())
-            .args(&owned);
+            .arg(bin());
+        let mut r = Running::spawn(s.mode, tmp, cmd, s.args, s.env, &[]);
+        // Wait until launch.py has exec'd drainit.
+        let pid = r.pid;
+        wait_for(Duration::from_secs(10), || {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
+        });
+        r.t0 = now_ms();
+        r
+    }
+
+    /// Starts drainit itself, without the launcher, as a direct child of the test
+    /// (a subreaper), with `env` set and the variables `env_remove` names removed
+    /// (before `env` is applied).
+    pub fn start_direct(args: &[&str], env: &[(&str, &str)], env_remove: &[&str]) -> Running {
+        let tmp = TmpDir::new("run");
+        Running::spawn(
+            Mode::Subreaper,
+            tmp,
+            Command::new(bin()),
+            args,
+            env,
+            env_remove,
+        )
+    }
+
+    /// Spawns `cmd` (whose last argument so far is drainit) with drainit's `args`,
+    /// the harness's variables and stdio in `tmp`.
+    fn spawn(
+        mode: Mode,
+        tmp: TmpDir,
+        mut cmd: Command,
+        args: &[&str],
+        env: &[(&str, &str)],
+        env_remove: &[&str],
+    ) -> Running {
+        let mark = tmp.join("mark");
+        fs::write(&mark, "").unwrap();
+        let stderr = tmp.join("stderr");
+        let stdout = tmp.join("stdout");
+        let owned: Vec<String> = args.iter().map(|a| in_tmp(a, &tmp)).collect();
+        cmd.args(&owned);
+        for k in env_remove {
+            cmd.env_remove(k);
+        }
         cmd.env("DRAINIT_TEST_TMP", tmp.path())
             .env("MARK", &mark)
             .env("TMP", tmp.path())
@@ -259,26 +294,21 @@ impl Running {
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout).unwrap())
             .stderr(fs::File::create(&stderr).unwrap());
-        for (k, v) in s.env {
+        for (k, v) in env {
             cmd.env(k, v);
         }
         reset_glibc_signals(&mut cmd);
         let proc = cmd.spawn().expect("spawning the launcher");
         let outer = proc.id() as i32;
-        let pid = match s.mode {
+        let pid = match mode {
             Mode::Subreaper => outer,
             Mode::Pid1 => wait_for(Duration::from_secs(5), || {
                 children_of(outer).first().copied()
             })
             .expect("unshare did not start a child within 5 s"),
         };
-        // Wait until launch.py has exec'd drainit.
-        wait_for(Duration::from_secs(10), || {
-            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
-        });
         Running {
-            mode: s.mode,
+            mode,
             tmp,
             proc,
             pid,
@@ -415,6 +445,11 @@ impl Running {
     pub fn path(&self, name: &str) -> PathBuf {
         self.tmp.join(name)
     }
+}
+
+/// `arg` with `$TMP` replaced by `tmp`'s path.
+fn in_tmp(arg: &str, tmp: &TmpDir) -> String {
+    arg.replace("$TMP", tmp.path().to_str().unwrap())
 }
 
 /// SIGKILLs every process carrying `DRAINIT_TEST_TMP=<dir>`.
