@@ -96,26 +96,36 @@ fn std_start() -> Result<(), ()> {
         events: 0,
         revents: 0,
     });
-    // SAFETY: poll(2) on a local array of three pollfds; fcntl(2) F_GETFD; open(2)
-    // with a static NUL-terminated path; signal(2) with SIG_IGN, no handler.
-    unsafe {
-        let polled = libc::poll(fds.as_mut_ptr(), 3, 0) >= 0;
-        for p in &fds {
-            let closed = if polled {
-                p.revents & libc::POLLNVAL != 0
-            } else {
-                libc::fcntl(p.fd, libc::F_GETFD) == -1
-                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
-            };
-            // The lowest free fd is taken: this one, as 0..fd are open by now.
-            if closed && libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) != p.fd {
+    // nix's `poll` and `fcntl` take a `BorrowedFd`, which must be open: the raw
+    // calls ask whether 0–2 are open at all.
+    // SAFETY: poll(2) reads and writes the local array of three pollfds.
+    let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) } >= 0;
+    for p in &fds {
+        let closed = if polled {
+            p.revents & libc::POLLNVAL != 0
+        } else {
+            // SAFETY: fcntl(2) F_GETFD takes and returns integers.
+            let rc = unsafe { libc::fcntl(p.fd, libc::F_GETFD) };
+            rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+        };
+        // The lowest free fd is taken: this one, as 0..fd are open by now. Not
+        // close-on-exec: the child inherits it as its own 0, 1 or 2.
+        if closed {
+            use std::os::fd::IntoRawFd;
+            let fd = nix::fcntl::open(
+                c"/dev/null",
+                nix::fcntl::OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            );
+            if fd.map(IntoRawFd::into_raw_fd) != Ok(p.fd) {
                 return Err(());
             }
         }
-        // What drainit inherited is what its children get (`spawn`).
-        let inherited = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        spawn::inherit_sigpipe_ignored(inherited == libc::SIG_IGN);
     }
+    // What drainit inherited is what its children get (`spawn`).
+    // SAFETY: signal(2) with SIG_IGN installs no handler.
+    let inherited = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    spawn::inherit_sigpipe_ignored(inherited == libc::SIG_IGN);
     Ok(())
 }
 

@@ -172,78 +172,100 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
         // SAFETY: _exit(2) is async-signal-safe and runs no atexit handler.
         unsafe { libc::_exit(127) }
     };
-    // SAFETY (whole block): plain system calls on valid local or prebuilt memory.
-    unsafe {
-        // drainit ignores SIGPIPE for itself; what it starts gets the disposition
-        // drainit inherited, like every other disposition.
-        let mut pipe: libc::sigaction = std::mem::zeroed();
-        pipe.sa_sigaction = if a.sigpipe_ignored {
-            libc::SIG_IGN
-        } else {
-            libc::SIG_DFL
-        };
-        if libc::sigaction(libc::SIGPIPE, &pipe, std::ptr::null_mut()) != 0 {
-            return fail(a);
-        }
-        // New group: the child leads it (so forward-to group and job control work).
-        if libc::setpgid(0, 0) != 0 {
-            return fail(a);
-        }
-        if a.stdin >= 0 && libc::dup2(a.stdin, 0) < 0 {
-            return fail(a);
-        }
-        if a.output >= 0 && (libc::dup2(a.output, 1) < 0 || libc::dup2(a.output, 2) < 0) {
-            return fail(a);
-        }
-        if !a.dir.is_null() && libc::chdir(a.dir) != 0 {
-            return fail(a);
-        }
-        if a.take_terminal {
-            // tcsetpgrp from a group that is not (yet) the foreground group raises
-            // SIGTTOU; keep it blocked across the call (CONVENTIONS pitfall 5).
-            libc::sigprocmask(libc::SIG_BLOCK, &a.tty_block, std::ptr::null_mut());
-            // ENOTTY/EPERM: no terminal after all; the child runs in the background.
-            libc::tcsetpgrp(0, libc::getpid());
-        }
-        if !a.listen_pid.is_null() {
-            let mut digits = [0u8; 20];
-            let mut n = libc::getpid() as u64;
-            let mut len = 0;
-            loop {
-                digits[len] = b'0' + (n % 10) as u8;
-                len += 1;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
+    // drainit ignores SIGPIPE for itself; what it starts gets the disposition
+    // drainit inherited, like every other disposition.
+    // SAFETY: an all-zero sigaction is a valid value (no handler, empty mask, no
+    // flags), as C's `= {0}`.
+    let mut pipe: libc::sigaction = unsafe { std::mem::zeroed() };
+    pipe.sa_sigaction = if a.sigpipe_ignored {
+        libc::SIG_IGN
+    } else {
+        libc::SIG_DFL
+    };
+    // SAFETY: sigaction(2) reads the local `pipe`; SIG_IGN/SIG_DFL install no
+    // handler; no old action is written.
+    if unsafe { libc::sigaction(libc::SIGPIPE, &pipe, std::ptr::null_mut()) } != 0 {
+        return fail(a);
+    }
+    // New group: the child leads it (so forward-to group and job control work).
+    // SAFETY: setpgid(2) takes two integers and touches no memory.
+    if unsafe { libc::setpgid(0, 0) } != 0 {
+        return fail(a);
+    }
+    // SAFETY: dup2(2) on integers: fds the parent keeps open until this child has
+    // exec'd or exited (CLONE_VFORK).
+    if a.stdin >= 0 && unsafe { libc::dup2(a.stdin, 0) } < 0 {
+        return fail(a);
+    }
+    // SAFETY: as above.
+    if a.output >= 0 && unsafe { libc::dup2(a.output, 1) < 0 || libc::dup2(a.output, 2) < 0 } {
+        return fail(a);
+    }
+    // SAFETY: `dir` is a NUL-terminated string of the parent's, alive until this
+    // child has exec'd or exited.
+    if !a.dir.is_null() && unsafe { libc::chdir(a.dir) } != 0 {
+        return fail(a);
+    }
+    if a.take_terminal {
+        // tcsetpgrp from a group that is not (yet) the foreground group raises
+        // SIGTTOU; keep it blocked across the call (CONVENTIONS pitfall 5).
+        // SAFETY: sigprocmask(2) reads `tty_block` (in `ExecArgs`, alive as above)
+        // and writes no old mask.
+        unsafe { libc::sigprocmask(libc::SIG_BLOCK, &a.tty_block, std::ptr::null_mut()) };
+        // ENOTTY/EPERM: no terminal after all; the child runs in the background.
+        // SAFETY: tcsetpgrp(3) and getpid(2) take and return integers.
+        unsafe { libc::tcsetpgrp(0, libc::getpid()) };
+    }
+    if !a.listen_pid.is_null() {
+        let mut digits = [0u8; 20];
+        // SAFETY: getpid(2) takes nothing and touches no memory.
+        let mut n = unsafe { libc::getpid() } as u64;
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
             }
-            // The slot has LISTEN_PID_LEN bytes: 11 + at most 20 digits + NUL fit.
-            for i in 0..len {
-                *a.listen_pid.add(LISTEN_PID.len() + i) = digits[len - 1 - i];
-            }
-            *a.listen_pid.add(LISTEN_PID.len() + len) = 0;
         }
-        if a.set_ids {
-            // `--user`: groups, then gid, then uid (after setresuid(2) the right to
-            // change groups is gone). Raw system calls, as glibc's posix_spawn does
-            // for POSIX_SPAWN_RESETIDS: the C libraries' setuid/setgid wrappers
-            // apply the change to every thread of the process through a signal
-            // broadcast over the thread list, which this child shares with drainit
-            // (CLONE_VM); the raw calls change this task alone. A failure fails the
-            // spawn (exit 126): the app never runs with the wrong ids.
-            if libc::syscall(libc::SYS_setgroups, a.ngroups, a.groups) != 0
+        // The slot has LISTEN_PID_LEN bytes: 11 + at most 20 digits + NUL fit.
+        for i in 0..len {
+            // SAFETY: within the parent's LISTEN_PID_LEN-byte buffer (see above),
+            // alive and written by no one else until this child has exec'd.
+            unsafe { *a.listen_pid.add(LISTEN_PID.len() + i) = digits[len - 1 - i] };
+        }
+        // SAFETY: as above: the NUL at most at byte 11 + 20 of 32.
+        unsafe { *a.listen_pid.add(LISTEN_PID.len() + len) = 0 };
+    }
+    if a.set_ids {
+        // `--user`: groups, then gid, then uid (after setresuid(2) the right to
+        // change groups is gone). Raw system calls, as glibc's posix_spawn does
+        // for POSIX_SPAWN_RESETIDS: the C libraries' setuid/setgid wrappers
+        // apply the change to every thread of the process through a signal
+        // broadcast over the thread list, which this child shares with drainit
+        // (CLONE_VM); the raw calls change this task alone. A failure fails the
+        // spawn (exit 126): the app never runs with the wrong ids.
+        // SAFETY: setgroups(2) reads `ngroups` gids from `groups`, the parent's
+        // `Identity::groups`, alive until this child has exec'd or exited; the
+        // other two take integers.
+        let failed = unsafe {
+            libc::syscall(libc::SYS_setgroups, a.ngroups, a.groups) != 0
                 || libc::syscall(libc::SYS_setresgid, a.gid, a.gid, a.gid) != 0
                 || libc::syscall(libc::SYS_setresuid, a.uid, a.uid, a.uid) != 0
-            {
-                return fail(a);
-            }
-        }
-        // The mask drainit inherited, replacing drainit's own (nearly everything).
-        if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
+        };
+        if failed {
             return fail(a);
         }
-        libc::execvpe(a.file, a.argv, a.envp);
     }
+    // The mask drainit inherited, replacing drainit's own (nearly everything).
+    if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
+        return fail(a);
+    }
+    // SAFETY: `file`, `argv` and `envp` are NUL-terminated strings and
+    // NULL-terminated arrays of them, built by the parent before the clone and
+    // alive until this child has exec'd or exited. Returns only on failure.
+    unsafe { libc::execvpe(a.file, a.argv, a.envp) };
     fail(a)
 }
 
@@ -343,11 +365,8 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
     }
     // The child has already exited (_exit(127)): reap it here, before the reaper
     // knows of it.
-    let mut status = 0;
-    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-    {}
+    let child = nix::unistd::Pid::from_raw(pid);
+    while nix::sys::wait::waitpid(child, None) == Err(nix::errno::Errno::EINTR) {}
     Err(io::Error::from_raw_os_error(errno))
 }
 
