@@ -1713,4 +1713,53 @@ mod tests {
         assert!(c.report_file.is_none());
         let _ = std::fs::remove_file(p);
     }
+
+    /// Settings as data: every flag of [`Cli`] is a setting of the table with the
+    /// same shape, or one of the few resolved apart; every setting is a flag. A new
+    /// `Cli` field without its entry (or the reverse) fails here.
+    #[test]
+    fn every_flag_is_one_setting_of_the_table() {
+        use settings::Shape;
+        // Resolved apart: the checks, the teardown steps, and what is no setting.
+        let apart = [
+            "ready_tcp",
+            "ready_http",
+            "ready_exec",
+            "ready_file",
+            "teardown",
+            "config",
+            "check_config",
+            "probe",
+            "command",
+            "help",
+            "version",
+        ];
+        let cmd = Cli::command();
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if apart.contains(&id) {
+                continue;
+            }
+            let s = SETTINGS
+                .iter()
+                .find(|s| s.key == id)
+                .unwrap_or_else(|| panic!("--{id} has no entry in SETTINGS"));
+            let repeatable = matches!(a.get_action(), clap::ArgAction::Append);
+            assert_eq!(repeatable, s.shape == Shape::List, "{id}: shape");
+            if !repeatable {
+                assert_eq!(
+                    a.get_env().map(|e| e.to_string_lossy().into_owned()),
+                    Some(env_name(id)),
+                    "{id}: its variable"
+                );
+            }
+        }
+        for s in &SETTINGS {
+            assert!(
+                cmd.get_arguments().any(|a| a.get_id() == s.key),
+                "the setting {} has no flag",
+                s.key
+            );
+        }
+    }
 }
