@@ -163,18 +163,9 @@ fn run(args: Vec<OsString>) -> i32 {
         }
     };
     let inherited = inherited_fds();
-    let mut cfg = match config::load_from(args, &ProcessEnv) {
+    let mut cfg = match load_config(args) {
         Ok(c) => c,
-        Err(e) if e.code == exit::CLEAN => {
-            let _ = std::io::stdout().write_all(e.message.as_bytes());
-            return exit::CLEAN;
-        }
-        Err(e) => {
-            let msg = e.message.trim_end();
-            let msg = msg.strip_prefix("error: ").unwrap_or(msg);
-            let _ = writeln!(std::io::stderr(), "drainit: error: {msg}");
-            return e.code;
-        }
+        Err(code) => return code,
     };
     if let Some(path) = cfg.probe_client {
         // A health-check client: one request, no child, no logger (DESIGN §12).
@@ -191,37 +182,11 @@ fn run(args: Vec<OsString>) -> i32 {
         }
         return exit::CLEAN;
     }
-    let budget = cfg.budget();
-    let delay_note = cfg.pre_drain_delay_note();
-    if budget.fits() {
-        log::info!("grace budget: {budget}; {delay_note}");
-    } else {
-        log::warn!(
-            "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
-        );
-    }
-
-    let listener = match &cfg.probe_addr {
-        ProbeAddr::Off => None,
-        ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
-            Ok(l) => Some(l),
-            Err(e) if *explicit => {
-                log::error!(
-                    "binding the probe address {addr} (--probe-addr) failed: {}",
-                    io_word_or_text(&e)
-                );
-                return exit::CONFIG;
-            }
-            Err(e) => {
-                log::warn!(
-                    "binding the default probe address {addr} failed ({}); running without probes",
-                    io_word_or_text(&e)
-                );
-                None
-            }
-        },
+    log_budget(&cfg);
+    let listener = match bind_probe(&cfg.probe_addr) {
+        Ok(l) => l,
+        Err(code) => return code,
     };
-
     // sd_notify: drainit's own service manager, and the child's socket (bound
     // before the spawn, like the probe socket).
     let systemd = Systemd::from_env().map(Rc::new);
@@ -330,6 +295,65 @@ fn run(args: Vec<OsString>) -> i32 {
             report.exit_code
         }),
     )
+}
+
+/// The configuration, or the exit code after printing why not: `--help` and
+/// `--version` on stdout (0), an error on stderr (64, 78, or 1).
+fn load_config(args: Vec<OsString>) -> Result<config::Config, i32> {
+    match config::load_from(args, &ProcessEnv) {
+        Ok(c) => Ok(c),
+        Err(e) if e.code == exit::CLEAN => {
+            let _ = std::io::stdout().write_all(e.message.as_bytes());
+            Err(exit::CLEAN)
+        }
+        Err(e) => {
+            let msg = e.message.trim_end();
+            let msg = msg.strip_prefix("error: ").unwrap_or(msg);
+            let _ = writeln!(std::io::stderr(), "drainit: error: {msg}");
+            Err(e.code)
+        }
+    }
+}
+
+/// Logs the grace budget at start: info when it fits, a warning when it does not.
+fn log_budget(cfg: &config::Config) {
+    let budget = cfg.budget();
+    let delay_note = cfg.pre_drain_delay_note();
+    if budget.fits() {
+        log::info!("grace budget: {budget}; {delay_note}");
+    } else {
+        log::warn!(
+            "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
+        );
+    }
+}
+
+/// The probe socket, bound before the spawn; `None` when off or when the default
+/// address is taken (a warning).
+///
+/// # Errors
+/// [`exit::CONFIG`] when an address the user gave cannot be bound (logged).
+fn bind_probe(probe_addr: &ProbeAddr) -> Result<Option<std::net::TcpListener>, i32> {
+    match probe_addr {
+        ProbeAddr::Off => Ok(None),
+        ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) if *explicit => {
+                log::error!(
+                    "binding the probe address {addr} (--probe-addr) failed: {}",
+                    io_word_or_text(&e)
+                );
+                Err(exit::CONFIG)
+            }
+            Err(e) => {
+                log::warn!(
+                    "binding the default probe address {addr} failed ({}); running without probes",
+                    io_word_or_text(&e)
+                );
+                Ok(None)
+            }
+        },
+    }
 }
 
 /// The child's argv and environment: drainit's environment, without the
