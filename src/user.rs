@@ -64,13 +64,20 @@ fn entries(text: &str, fields: usize) -> impl Iterator<Item = Vec<&str>> {
         .filter(move |f| f.len() >= fields && !f[0].is_empty())
 }
 
+/// An id field of an entry: decimal, and never `u32::MAX` ((uid_t)-1 means "no
+/// change" to setresuid(2)/setresgid(2): an entry with it would leave the child
+/// running as drainit, root). Such an entry is skipped as malformed.
+fn id_field(s: &str) -> Option<u32> {
+    s.parse().ok().filter(|n| *n != u32::MAX)
+}
+
 fn parse_passwd(text: &str) -> Vec<Passwd> {
     entries(text, 7)
         .filter_map(|f| {
             Some(Passwd {
                 name: f[0].to_string(),
-                uid: f[2].parse().ok()?,
-                gid: f[3].parse().ok()?,
+                uid: id_field(f[2])?,
+                gid: id_field(f[3])?,
                 home: f[5].to_string(),
             })
         })
@@ -82,7 +89,7 @@ fn parse_group(text: &str) -> Vec<Group> {
         .filter_map(|f| {
             Some(Group {
                 name: f[0].to_string(),
-                gid: f[2].parse().ok()?,
+                gid: id_field(f[2])?,
                 members: f[3]
                     .split(',')
                     .map(str::trim)
@@ -103,11 +110,36 @@ fn numeric(s: &str) -> Option<u32> {
     }
 }
 
+/// The largest `passwd` or `group` file read, bytes.
+const MAX_DB_FILE: u64 = 16 * 1024 * 1024;
+
 /// Reads `etc/NAME`; a file that is missing or unreadable reads as empty, with
-/// the reason kept for the error a name lookup may need.
+/// the reason kept for the error a name lookup may need. Only a regular file of
+/// at most [`MAX_DB_FILE`] is read, opened non-blocking (a fifo planted by a
+/// hostile image must not hang drainit's start with every signal blocked). Bytes
+/// that are not UTF-8 (a GECOS field in Latin-1) are read lossily: they cannot be
+/// in a name given on the command line anyway.
 fn read(etc: &Path, name: &str) -> (String, Option<String>) {
-    match std::fs::read_to_string(etc.join(name)) {
-        Ok(t) => (t, None),
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let read = || -> std::io::Result<Result<String, String>> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(etc.join(name))?;
+        if !file.metadata()?.is_file() {
+            return Ok(Err("not a regular file".into()));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_DB_FILE + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_DB_FILE {
+            return Ok(Err(format!("larger than {} MiB", MAX_DB_FILE >> 20)));
+        }
+        Ok(Ok(String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    match read() {
+        Ok(Ok(t)) => (t, None),
+        Ok(Err(why)) => (String::new(), Some(why)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             (String::new(), Some("missing".into()))
         }
@@ -287,5 +319,41 @@ mod tests {
             resolve("4294967295", &d, 0),
             Err(UserError::Unknown(_))
         ));
+    }
+
+    /// Review findings: an entry whose uid or gid is (uid_t)-1 ("no change" to
+    /// setresuid) never resolves (the child would stay root); one Latin-1 byte
+    /// elsewhere in the file does not break every lookup; a fifo in place of the
+    /// file is refused at once instead of hanging.
+    #[test]
+    fn hostile_databases_never_leave_the_child_root_nor_hang() {
+        let d = etc("hostile");
+        let mut pw = std::fs::read(d.join("passwd")).unwrap();
+        pw.extend_from_slice(b"evil:x:4294967295:4294967295::/tmp:/bin/sh\n");
+        pw.extend_from_slice(b"lat:x:1001:1001:Ren\xe9:/tmp:/bin/sh\n");
+        std::fs::write(d.join("passwd"), pw).unwrap();
+        let mut gr = std::fs::read(d.join("group")).unwrap();
+        gr.extend_from_slice(b"evilg:x:4294967295:\n");
+        std::fs::write(d.join("group"), gr).unwrap();
+        assert!(matches!(resolve("evil", &d, 0), Err(UserError::Unknown(_))));
+        assert!(matches!(
+            resolve("evil:0", &d, 0),
+            Err(UserError::Unknown(_))
+        ));
+        assert!(matches!(
+            resolve("app:evilg", &d, 0),
+            Err(UserError::Unknown(_))
+        ));
+        assert_eq!(resolve("nobody", &d, 0).unwrap().uid, 65534);
+        assert_eq!(resolve("lat", &d, 0).unwrap().uid, 1001);
+
+        let f = etc("fifo");
+        std::fs::remove_file(f.join("passwd")).unwrap();
+        nix::unistd::mkfifo(&f.join("passwd"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let started = std::time::Instant::now();
+        assert!(
+            matches!(resolve("app", &f, 0), Err(UserError::Unknown(m)) if m.contains("not a regular file"))
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
     }
 }
