@@ -373,13 +373,17 @@ impl Report {
 /// Writes `bytes` and a newline to the report file `path`.
 ///
 /// A regular file, or a path that does not exist yet, is replaced atomically
-/// ([`write_atomic`]). Anything else that exists (a symlink, a character or block
-/// device such as `/dev/stderr` or `/dev/null`, a fifo) is opened and written in
-/// place, following symlinks: a rename would replace the node itself. When the
-/// rename is refused because the target is a mount point (a bind-mounted file such
-/// as Kubernetes' `/dev/termination-log`: `EBUSY`), on another filesystem
-/// (`EXDEV`) or not ours to replace (`EPERM`), or when no temporary file can be
-/// created next to an existing target, the file is written in place as well.
+/// ([`write_atomic`]). A character or block device such as `/dev/stderr` or
+/// `/dev/null`, or a fifo, is opened and written in place. A symlink is followed
+/// (written in place) only when it belongs to drainit's own user, as the
+/// operator's `/dev/termination-log -> …` does; one that belongs to anyone else
+/// (an app started with `--user` can plant one in a directory it may write) is
+/// replaced by the rename, never followed, so a report can never overwrite a file
+/// the app could not write itself. When the rename is refused because the target
+/// is a mount point (a bind-mounted file such as Kubernetes' `/dev/termination-log`:
+/// `EBUSY`), on another filesystem (`EXDEV`) or not ours to replace (`EPERM`), or
+/// when no temporary file can be created next to an existing target, the file is
+/// written in place as well, without following a symlink.
 ///
 /// # Errors
 /// Both ways failed; the error is the last one's.
@@ -389,12 +393,24 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// [`write_file`], synced to disk or not.
 fn write_file_with(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let existing = std::fs::symlink_metadata(path).ok();
-    if existing.as_ref().is_some_and(|m| !m.file_type().is_file()) {
-        return write_in_place(path, bytes, sync);
+    let follow = existing
+        .as_ref()
+        .is_some_and(|m| m.file_type().is_symlink() && m.uid() == nix::unistd::geteuid().as_raw());
+    if follow {
+        return write_in_place(path, bytes, sync, true);
+    }
+    if existing
+        .as_ref()
+        .is_some_and(|m| !m.file_type().is_file() && !m.file_type().is_symlink())
+    {
+        return write_in_place(path, bytes, sync, false);
     }
     match atomic(path, bytes, sync) {
-        Err(e) if existing.is_some() && may_write_in_place(&e) => write_in_place(path, bytes, sync),
+        Err(e) if existing.is_some() && may_write_in_place(&e) => {
+            write_in_place(path, bytes, sync, false)
+        }
         r => r,
     }
 }
@@ -407,18 +423,19 @@ fn may_write_in_place(e: &std::io::Error) -> bool {
     )
 }
 
-/// Opens `path` for writing (truncating, following symlinks, creating the target
-/// of a dangling one) and writes `bytes` and a newline.
+/// Opens `path` for writing (truncating; following a symlink, and creating the
+/// target of a dangling one, only when `follow`) and writes `bytes` and a newline.
 ///
 /// The open is non-blocking so that a fifo with no reader fails at once (`ENXIO`)
 /// instead of hanging drainit's exit; the write itself is blocking again.
-fn write_in_place(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+fn write_in_place(path: &Path, bytes: &[u8], sync: bool, follow: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .truncate(true)
         .create(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | nofollow)
         .open(path)?;
     let flags = OFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFL)?);
     fcntl(&f, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
@@ -434,7 +451,12 @@ fn write_in_place(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> 
 
 /// Writes `bytes` and a newline to `path` through a temporary file in the same
 /// directory and a rename, so a reader sees the old file or the whole new one,
-/// never half of it. Replaces whatever `path` names, so callers use [`write_file`].
+/// never half of it. Replaces whatever `path` names (a symlink itself, not its
+/// target), so callers use [`write_file`].
+///
+/// The temporary file is created exclusively (`O_CREAT | O_EXCL`, which never
+/// follows a symlink) under a name with the pid and a clock-derived suffix; a
+/// name somebody planted is skipped, never opened.
 ///
 /// # Errors
 /// Creating, writing, syncing or renaming the temporary file failed.
@@ -443,6 +465,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -451,9 +474,32 @@ fn atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "report".into());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let tmp = dir.join(format!(
+            ".{name}.{}.{:08x}.tmp",
+            std::process::id(),
+            nanos ^ attempt.wrapping_mul(0x9e37_79b9)
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.write_all(b"\n")?;
         if sync {
