@@ -163,8 +163,14 @@ fn run(args: Vec<OsString>) -> i32 {
         }
     };
     let inherited = inherited_fds();
+    let probe_mode = asks_probe(&args);
     let mut cfg = match load_config(args) {
         Ok(c) => c,
+        // A health-check client answers 0 or 1 (Docker reserves 2, and other
+        // codes mean nothing to it): a setting it does not need that fails to
+        // resolve here (a `DRAINIT_USER` for a non-root health check, say) is
+        // an unhealthy answer, said on stderr, not a 78. Usage errors stay 64.
+        Err(code) if probe_mode && code != exit::USAGE => return 1,
         Err(code) => return code,
     };
     if let Some(path) = cfg.probe_client {
@@ -326,6 +332,15 @@ fn log_budget(cfg: &config::Config) {
             "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
         );
     }
+}
+
+/// Whether the command line asks for the health-check client (`--probe` before
+/// any `--`).
+fn asks_probe(args: &[OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--probe" || a.as_encoded_bytes().starts_with(b"--probe="))
 }
 
 /// The probe socket, bound before the spawn; `None` when off or when the default

@@ -602,3 +602,34 @@ fn the_final_report_replaces_the_partial_one() {
     assert_eq!(text(&file, "reason"), "drained");
     assert_eq!(file, r.report());
 }
+
+/// `--probe` answers 0 or 1 only: a setting the client does not need that fails
+/// to resolve (the image's `DRAINIT_*` environment, seen by a health check run as
+/// another user) is an unhealthy answer, not a 78; a bad `--probe` value is 64.
+#[test]
+fn the_probe_client_never_exits_78() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(bin());
+        c.args(args).stdin(std::process::Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap().status.code()
+    };
+    let addr = format!("127.0.0.1:{}", free_port());
+    assert_eq!(
+        run(
+            &["--probe", "readyz", "--probe-addr", &addr],
+            &[("DRAINIT_REPORT_FILE", "/nonexistent/x")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        run(
+            &["--probe=healthz", "--probe-addr", &addr],
+            &[("DRAINIT_USER", "ghost")]
+        ),
+        Some(1)
+    );
+    assert_eq!(run(&["--probe", "bogus"], &[]), Some(64));
+}
