@@ -510,6 +510,9 @@ fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
         }
         Err(e) => return Err(format!("'{s}': {}: {}", dir.display(), io_word_or_text(&e))),
     }
+    if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+        return Err(format!("'{s}' is a directory"));
+    }
     let writable =
         |p: &std::path::Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
     let file_writable = std::fs::metadata(&path).is_ok() && writable(&path);
@@ -1703,6 +1706,11 @@ mod tests {
         let e = load(&["--report-file", "/dev/null/report.json", "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
         assert!(e.message.contains("not a directory"), "{}", e.message);
+        // A directory for a file (the report would be lost at exit).
+        let tmp = std::env::temp_dir();
+        let e = load(&["--report-file", tmp.to_str().unwrap(), "true"], &[]).unwrap_err();
+        assert_eq!(e.code, 78);
+        assert!(e.message.contains("is a directory"), "{}", e.message);
         // An existing directory, and an existing device, are fine.
         let ok = std::env::temp_dir().join("drainit-report.json");
         let c = load(&["--report-file", ok.to_str().unwrap(), "true"], &[]).unwrap();
