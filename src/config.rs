@@ -64,7 +64,7 @@ Exit codes: 0 drained, 2 abandoned or teardown failed, N the child's own code
     override_usage = "drainit [FLAGS] [--] CMD [ARGS...]"
 )]
 pub struct Cli {
-    /// Probe server address (/healthz, /readyz), or `off` [default: 0.0.0.0:8079]
+    /// Probe server address (/healthz, /readyz, /metrics), or `off` [default: 0.0.0.0:8079]
     #[arg(long, env = "DRAINIT_PROBE_ADDR", value_name = "ADDR")]
     pub probe_addr: Option<String>,
     /// Beat 2: keep serving this long after the drain signal [default: 5s in Kubernetes or once /readyz was asked, else 0]
