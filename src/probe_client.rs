@@ -104,6 +104,11 @@ fn get(addr: SocketAddr, path: &str, within: Duration) -> Result<(u16, String), 
     let mut answer = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
+        // Done as soon as the final answer is whole (a server that keeps the
+        // connection open after a `Content-Length` body is not waited for).
+        if let Some(done) = final_answer(&answer, false) {
+            return done;
+        }
         // Each read gets what is left of the whole bound, so a server that
         // trickles bytes cannot hold the client past it.
         s.set_read_timeout(Some(left().ok_or_else(timed_out)?))
@@ -120,15 +125,48 @@ fn get(addr: SocketAddr, path: &str, within: Duration) -> Result<(u16, String), 
             Err(e) => return Err(describe(e)),
         }
     }
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut res = httparse::Response::new(&mut headers);
-    match res.parse(&answer) {
-        Ok(httparse::Status::Complete(head)) => {
-            let status = res.code.ok_or("no HTTP response")?;
-            let body = String::from_utf8_lossy(&answer[head..]).trim().to_string();
-            Ok((status, body))
+    final_answer(&answer, true).unwrap_or_else(|| Err("no HTTP response".into()))
+}
+
+/// The final response in `answer` (interim 1xx responses skipped, RFC 9110 §15.2):
+/// `None` while more bytes are needed; at `eof`, whatever body arrived.
+fn final_answer(answer: &[u8], eof: bool) -> Option<Result<(u16, String), String>> {
+    let mut at = 0;
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut res = httparse::Response::new(&mut headers);
+        match res.parse(&answer[at..]) {
+            Ok(httparse::Status::Complete(head)) => {
+                let Some(status) = res.code else {
+                    return Some(Err("no HTTP response".into()));
+                };
+                if (100..200).contains(&status) && status != 101 {
+                    at += head;
+                    continue;
+                }
+                let body = &answer[at + head..];
+                let length = res
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| {
+                        std::str::from_utf8(h.value)
+                            .ok()?
+                            .trim()
+                            .parse::<usize>()
+                            .ok()
+                    });
+                let body = match length {
+                    Some(n) if body.len() >= n => &body[..n],
+                    _ if eof => body,
+                    _ => return None,
+                };
+                let body = String::from_utf8_lossy(body).trim().to_string();
+                return Some(Ok((status, body)));
+            }
+            Ok(httparse::Status::Partial) if !eof => return None,
+            _ => return Some(Err("no HTTP response".into())),
         }
-        _ => Err("no HTTP response".into()),
     }
 }
 
@@ -157,5 +195,21 @@ mod tests {
             "{took:?}"
         );
         drop(l);
+    }
+
+    /// Review findings: an interim `100 Continue` before the answer is skipped; a
+    /// complete `Content-Length` body is the answer without waiting for the close.
+    #[test]
+    fn interim_responses_are_skipped_and_a_whole_body_is_enough() {
+        let raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 No\r\nContent-Length: 4\r\n\r\nbusy";
+        assert_eq!(final_answer(raw, false), Some(Ok((503, "busy".into()))));
+        let partial = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc";
+        assert_eq!(final_answer(partial, false), None);
+        assert_eq!(final_answer(partial, true), Some(Ok((200, "abc".into()))));
+        assert_eq!(final_answer(b"HTTP/1.1 200 OK\r\n", false), None);
+        assert!(matches!(
+            final_answer(b"garbage\r\n\r\n", true),
+            Some(Err(_))
+        ));
     }
 }
