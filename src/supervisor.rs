@@ -30,7 +30,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::checks::{self, Checks};
 use crate::config::{Config, DelayRule, ForwardTo};
-use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy};
+use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy, Start};
 use crate::metrics;
 use crate::probe::Published;
 use crate::procs;
@@ -83,15 +83,10 @@ pub struct Supervisor {
     /// `SampleInFlight` was asked for in this step: the T0 count is taken at the
     /// end of the step, after the signal the step sends. Holds the main child
     /// when it was alive at the sample (read before that signal).
-    sample_due: Option<Vec<procs::Proc>>,
-    /// The drain's SIGKILL was sent and its settle runs: what is still found alive
-    /// (a process forked as its parent was killed) is killed too.
-    killing: bool,
+    sample_due: Option<(Start, Vec<procs::Proc>)>,
     /// The last reap round was full: another runs once the other wake-ups (a
     /// signal, a deadline) had their turn.
     reap_more: bool,
-    /// How the kill settles: see `Supervisor::still_dying`.
-    settle: Option<Settle>,
     queue: VecDeque<Event>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
@@ -178,9 +173,7 @@ impl Supervisor {
             signalled: HashSet::new(),
             sampled: None,
             sample_due: None,
-            killing: false,
             reap_more: false,
-            settle: None,
             queue,
             ready_rx,
             step: None,
@@ -212,12 +205,8 @@ impl Supervisor {
             // statuses (the main child's among them) are on their way. A process
             // that cannot die (uninterruptible sleep) stops the reaps, and the
             // settle time runs out as before.
-            if self.killing && self.drain.waits_for_descendants() {
-                if self.reap_more {
-                    deadline = None;
-                } else if let Some(floor) = self.settle.as_ref().map(|s| s.floor) {
-                    deadline = deadline.map(|d| d.max(floor));
-                }
+            if self.drain.settling() && self.reap_more {
+                deadline = None;
             }
             let deadline = deadline.map(tokio::time::Instant::from_std);
             let polling = self.outsiders && self.drain.waits_for_descendants();
@@ -245,52 +234,29 @@ impl Supervisor {
             };
             match woke {
                 Woke::Signals(received) => {
-                    let mut chld = false;
-                    let mut stopped_with_us = None;
-                    if received.iter().any(|r| r.signal == Signal::CHLD) {
-                        // The main child may have exited before the other signals
-                        // of this batch were sent: its exit comes first...
-                        let exit = self.reaper.borrow_mut().reap_main();
-                        match exit {
-                            // ...unless a drain signal of this very batch killed it:
-                            // the stop signal reached both at once (systemd's
-                            // KillMode=control-group, `kill -TERM -- -PGID`). That is
-                            // a drain, not a crash.
-                            Some(ChildExit::Signal(s))
-                                if self.cfg.drain_signals.contains(&s)
-                                    && received.iter().any(|r| r.signal == s) =>
-                            {
-                                stopped_with_us = exit;
+                    let chld = received.iter().any(|r| r.signal == Signal::CHLD);
+                    let received: Vec<_> = received
+                        .into_iter()
+                        .filter(|r| r.signal != Signal::CHLD)
+                        .collect();
+                    // The main child's exit read with this batch goes where the
+                    // machine says (before the signals, or after the drain signal
+                    // that killed it).
+                    let exit = if chld {
+                        self.reaper.borrow_mut().reap_main()
+                    } else {
+                        None
+                    };
+                    let batch: Vec<Signal> = received.iter().map(|r| r.signal).collect();
+                    let mut received = received.into_iter();
+                    for event in self.drain.order_batch(&batch, exit) {
+                        match event {
+                            Event::ChildExited(exit) => self.main_exited(exit),
+                            _ => {
+                                let r = received.next().expect("one event per signal");
+                                self.on_signal(r);
                             }
-                            Some(exit) => self.main_exited(exit),
-                            None => {}
                         }
-                    }
-                    for r in received {
-                        if r.signal == Signal::CHLD {
-                            chld = true;
-                            continue;
-                        }
-                        metrics::signal_received(&r.signal.to_string());
-                        if r.signal.is_reserved() {
-                            log::warn!(
-                                "ignored signal {} from pid {}: the C library keeps it for itself",
-                                r.signal,
-                                r.sender
-                            );
-                        } else {
-                            log::debug!("received {} from pid {}", r.signal, r.sender);
-                            if crate::probe::readyz_asked() {
-                                // Before the signal: a T0 now decides the delay by it.
-                                self.queue.push_back(Event::Routed);
-                            }
-                            self.queue.push_back(Event::Signal(r.signal));
-                            // Beat 1 is taken before anything else, in this step.
-                            self.process();
-                        }
-                    }
-                    if let Some(exit) = stopped_with_us {
-                        self.main_exited(exit);
                     }
                     if chld {
                         self.on_sigchld();
@@ -302,11 +268,7 @@ impl Supervisor {
                     self.queue.push_back(Event::ReadinessPassed);
                 }
                 Woke::StepExited(exit) => self.finish_step(exit),
-                Woke::Tick => {
-                    if !self.still_dying() {
-                        self.queue.push_back(Event::Tick);
-                    }
-                }
+                Woke::Tick => self.queue.push_back(Event::Tick),
                 Woke::Progress => self.log_progress(),
                 Woke::Poll => self.check_descendants(false),
                 Woke::Reap => self.on_sigchld(),
@@ -328,8 +290,8 @@ impl Supervisor {
             for a in actions {
                 self.act(a);
             }
-            if let Some(pre) = self.sample_due.take() {
-                self.finish_sample(pre);
+            if let Some((start, pre)) = self.sample_due.take() {
+                self.finish_sample(start, pre);
             }
             self.sampled = None;
         }
@@ -433,8 +395,8 @@ impl Supervisor {
     }
 
     /// Why the pre-drain delay at T0 is what it is, for the T0 log line.
-    fn delay_why(&self) -> &'static str {
-        match (self.drain.delay_why(), self.cfg.pre_drain_delay_rule) {
+    fn delay_why(&self, why: Option<DelayWhy>) -> &'static str {
+        match (why, self.cfg.pre_drain_delay_rule) {
             (Some(DelayWhy::NeverReady), _) => "readiness never passed: nothing was routed here",
             (Some(DelayWhy::Routed), _) => "default pre-drain delay: a client asked /readyz",
             (Some(DelayWhy::NotRouted), _) => {
@@ -520,7 +482,7 @@ impl Supervisor {
     /// Beat 1's count, at the end of the step that asked for it: the live
     /// descendants (read after the step's signal, if it sent one), plus the main
     /// child read before that signal.
-    fn finish_sample(&mut self, pre: Vec<procs::Proc>) {
+    fn finish_sample(&mut self, start: Start, pre: Vec<procs::Proc>) {
         let mut alive = match self.sampled.take() {
             Some(v) => v,
             None => self.descendants().unwrap_or_default(),
@@ -531,24 +493,19 @@ impl Supervisor {
             }
         }
         self.ledger.sample(alive.iter().map(procs::Proc::id));
-        let t = self.drain.timeline();
-        match self.drain.drain_signal() {
+        match start.signal {
             Some(sig) => log::info!(
                 "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
                 alive.len(),
-                checks::fmt_ms(t.pre_drain_delay),
-                self.delay_why(),
-                checks::fmt_ms(
-                    t.deadline
-                        .unwrap_or_default()
-                        .saturating_sub(t.t0.unwrap_or_default())
-                )
+                checks::fmt_ms(start.pre_drain_delay),
+                self.delay_why(start.delay_why),
+                checks::fmt_ms(start.to_deadline)
             ),
             None if alive.is_empty() => {}
             None => log::info!(
                 "no drain signal: the {} process(es) left get the drain signal and {} to finish",
                 alive.len(),
-                checks::fmt_ms(self.cfg.drain_timeout)
+                checks::fmt_ms(start.to_deadline)
             ),
         }
         self.sampled = Some(alive);
@@ -575,9 +532,7 @@ impl Supervisor {
                     log::debug!("{sig} not forwarded: the main child is gone");
                 }
             }
-            Action::SampleInFlight => {
-                // Evidence for a platform that SIGKILLs drainit mid-drain.
-                self.partial_due = self.drain.drain_signal().is_some();
+            Action::SampleInFlight(start) => {
                 // Counted at the end of this step (`finish_sample`), after the
                 // forward it may send: a walk of a large tree must not delay the
                 // signal. The main child is read now, so that one killed by the
@@ -587,7 +542,7 @@ impl Supervisor {
                 } else {
                     None
                 };
-                self.sample_due = Some(child.into_iter().collect());
+                self.sample_due = Some((start, child.into_iter().collect()));
             }
             Action::ForwardDrain(sig) => {
                 let target = self.forward_target();
@@ -603,7 +558,6 @@ impl Supervisor {
                 self.drain.note_forwarded(self.now());
                 metrics::signal_forwarded(&sig.to_string());
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
-                self.partial_due = true;
                 let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
                 if let Some(c) = &child {
                     self.signalled.insert(c.id());
@@ -634,14 +588,19 @@ impl Supervisor {
             Action::SignalRemaining(sig) => {
                 self.signal_remaining(sig);
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
-                // At the forward when the main child went during the delay.
-                self.partial_due |= self.drain.drain_signal().is_some();
+            }
+            Action::PartialReport => self.partial_due = true,
+            Action::CountAlive => {
+                let alive = self.descendants().map(|v| v.len());
+                self.queue.push_back(Event::Alive(alive));
+            }
+            Action::StillDying(n) => {
+                log::info!("{n} killed process(es) still dying; waiting for them");
             }
             Action::KillAll => self.kill_all(),
             Action::StartTeardown(i) => {
                 // The drain is over: a teardown step's processes are not part of it.
                 self.ledger.close();
-                self.killing = false;
                 self.start_step(i);
             }
             Action::KillTeardown(i) => {
@@ -656,36 +615,6 @@ impl Supervisor {
                 }
             }
             Action::Exit(outcome) => self.outcome = Some(outcome),
-        }
-    }
-
-    /// At the end of the kill's settle time: whether the killed processes are still
-    /// dying (fewer alive than at the last look, and some left), in which case the
-    /// settle is extended instead of ending. A process that cannot die
-    /// (uninterruptible sleep) makes no progress: the settle ends as before.
-    fn still_dying(&mut self) -> bool {
-        if !(self.killing && self.drain.waits_for_descendants()) {
-            return false;
-        }
-        let Some(settle) = self.settle.as_ref() else {
-            return false;
-        };
-        let now = Instant::now();
-        if now < settle.floor || now >= settle.killed_at + SETTLE_MAX {
-            return now < settle.floor;
-        }
-        let prev = settle.alive;
-        let Some(alive) = self.descendants().map(|v| v.len()) else {
-            return false;
-        };
-        let settle = self.settle.as_mut().expect("checked above");
-        settle.alive = alive;
-        if alive > 0 && alive < prev {
-            settle.floor = now + crate::drain::KILL_SETTLE;
-            log::info!("{alive} killed process(es) still dying; waiting for them");
-            true
-        } else {
-            false
         }
     }
 
@@ -739,7 +668,6 @@ impl Supervisor {
     /// is recorded unkillable instead, and logged once.
     fn kill_all(&mut self) {
         self.ledger.close();
-        self.killing = true;
         let killed_at = self.now();
         // The main child first (it is not reaped, so its pid and group are still
         // its own): woken first, it tends to die first, and its status is what
@@ -805,14 +733,6 @@ impl Supervisor {
         if killed > 0 {
             self.drain.note_killed(killed_at);
             self.log_killed(killed);
-        }
-        if self.settle.is_none() {
-            let now = Instant::now();
-            self.settle = Some(Settle {
-                killed_at: now,
-                alive: killed,
-                floor: now,
-            });
         }
         if unkillable > 0 {
             self.queue.push_back(Event::Unkillable(unkillable));
@@ -1035,9 +955,30 @@ impl Supervisor {
         }
         if self.nothing_left(none_left) {
             self.queue.push_back(Event::DescendantsGone);
-        } else if self.killing {
+        } else if self.drain.settling() {
             self.chase();
         }
+    }
+
+    /// One signal of a batch (never SIGCHLD), fed to the machine at once: beat 1
+    /// is taken before anything else, in this step.
+    fn on_signal(&mut self, r: signals::Received) {
+        metrics::signal_received(&r.signal.to_string());
+        if r.signal.is_reserved() {
+            log::warn!(
+                "ignored signal {} from pid {}: the C library keeps it for itself",
+                r.signal,
+                r.sender
+            );
+            return;
+        }
+        log::debug!("received {} from pid {}", r.signal, r.sender);
+        if crate::probe::readyz_asked() {
+            // Before the signal: a T0 now decides the delay by it.
+            self.queue.push_back(Event::Routed);
+        }
+        self.queue.push_back(Event::Signal(r.signal));
+        self.process();
     }
 
     fn main_exited(&mut self, exit: ChildExit) {
@@ -1140,22 +1081,6 @@ enum Woke {
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How many `pid comm` a progress line names.
 const PROGRESS_NAMED: usize = 5;
-
-/// The kill's settle, as the driver extends it.
-struct Settle {
-    /// When the SIGKILL was sent.
-    killed_at: Instant,
-    /// Live descendants at the last look (at the kill: those it killed).
-    alive: usize,
-    /// The settle does not run out before this instant.
-    floor: Instant,
-}
-
-/// Thousands of processes killed at once take the kernel more than the settle
-/// time to tear down on a small machine: while their number keeps falling, the
-/// settle is extended by [`crate::drain::KILL_SETTLE`] at a time, up to this long
-/// after the kill.
-const SETTLE_MAX: Duration = Duration::from_secs(10);
 
 /// How often `/proc` is read while processes from outside the namespace remain in
 /// a drain (their end raises no SIGCHLD in drainit). Never while idle.
