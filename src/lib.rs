@@ -105,6 +105,7 @@ pub mod notify;
 pub mod probe;
 pub mod probe_client;
 pub mod procs;
+pub mod published;
 pub mod reaper;
 pub mod report;
 pub mod signals;

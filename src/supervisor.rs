@@ -32,8 +32,8 @@ use crate::checks::{self, Checks};
 use crate::config::{Config, DelayRule, ForwardTo};
 use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy, Start};
 use crate::metrics;
-use crate::probe::Published;
 use crate::procs;
+use crate::published::Published;
 use crate::reaper::Reaper;
 use crate::report::{self, Facts, Ledger, Report, TeardownJson};
 use crate::signals::{self, Signal, SignalStream};
@@ -973,7 +973,7 @@ impl Supervisor {
             return;
         }
         log::debug!("received {} from pid {}", r.signal, r.sender);
-        if crate::probe::readyz_asked() {
+        if crate::published::readyz_asked() {
             // Before the signal: a T0 now decides the delay by it.
             self.queue.push_back(Event::Routed);
         }
