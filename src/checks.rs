@@ -430,7 +430,7 @@ async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), Strin
     impl Drop for KillOnDrop {
         fn drop(&mut self) {
             if self.1.borrow().is_waiting(self.0) {
-                let _ = crate::signals::send(-self.0, crate::signals::Signal::KILL);
+                let _ = crate::tree::kill(-self.0, crate::signals::Signal::KILL);
             }
         }
     }

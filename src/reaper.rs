@@ -19,11 +19,13 @@
 //! runtime thread, so a helper cannot be reaped before it is registered.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use tokio::sync::oneshot;
 
 use crate::drain::ChildExit;
 use crate::signals::Signal;
+use crate::tree::{Real, Tree, Waited};
 
 /// What one reap round found.
 #[derive(Debug, Default)]
@@ -42,16 +44,33 @@ pub struct Round {
 pub const MAX_REAP: usize = 256;
 
 /// The registry of waited-for pids.
-#[derive(Default)]
 pub struct Reaper {
+    tree: Rc<dyn Tree>,
     main: Option<i32>,
     waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
     orphans: u64,
 }
 
+impl Default for Reaper {
+    fn default() -> Reaper {
+        Reaper::with_tree(Rc::new(Real))
+    }
+}
+
 impl Reaper {
+    /// The reaper of the kernel's tree.
     pub fn new() -> Reaper {
         Reaper::default()
+    }
+
+    /// A reaper that waits through `tree` (a fake one in the driver's tests).
+    pub fn with_tree(tree: Rc<dyn Tree>) -> Reaper {
+        Reaper {
+            tree,
+            main: None,
+            waiters: HashMap::new(),
+            orphans: 0,
+        }
     }
 
     /// Records the main child's pid (right after the spawn).
@@ -92,8 +111,7 @@ impl Reaper {
     /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
     pub fn reap_main(&mut self) -> Option<ChildExit> {
         let pid = self.main?;
-        let (reaped, exit) = wait_pid(pid)?;
-        debug_assert_eq!(reaped, pid);
+        let exit = self.tree.wait_pid(pid)?;
         self.main = None;
         Some(exit)
     }
@@ -107,7 +125,7 @@ impl Reaper {
                 round.more = true;
                 break;
             }
-            match wait_any() {
+            match self.tree.wait_any() {
                 Waited::Exited(pid, exit) => {
                     if Some(pid) == self.main {
                         self.main = None;
@@ -161,21 +179,28 @@ pub fn has_children() -> bool {
     }
 }
 
-enum Waited {
-    Exited(i32, ChildExit),
-    NoneExited,
-    NoChildren,
+/// Waits for (blocking) and reaps a child whose `exec` failed: `spawn.rs` calls it
+/// right after the `clone`, before the reaper knows the pid, so no status is lost
+/// and the reaper never sees it. (With `CLONE_VFORK` the parent resumes at the
+/// child's `_exit`, possibly before it is a zombie: hence blocking.)
+#[allow(unsafe_code)]
+pub(crate) fn reap_failed_spawn(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
 }
 
 /// `waitpid(pid, &status, WNOHANG)` for one pid: its status if it has exited.
 #[allow(unsafe_code)]
-fn wait_pid(pid: i32) -> Option<(i32, ChildExit)> {
+pub(crate) fn wait_pid(pid: i32) -> Option<ChildExit> {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if r == pid {
-            return decode(status).map(|e| (pid, e));
+            return decode(status);
         }
         if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
@@ -199,7 +224,7 @@ fn decode(status: libc::c_int) -> Option<ChildExit> {
 /// nix's `waitpid` is not used: it turns a death by a real-time signal into
 /// `EINVAL` *after* the child was reaped, which would lose the main child's status.
 #[allow(unsafe_code)]
-fn wait_any() -> Waited {
+pub(crate) fn wait_any() -> Waited {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.

@@ -342,11 +342,7 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
     }
     // The child has already exited (_exit(127)): reap it here, before the reaper
     // knows of it.
-    let mut status = 0;
-    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-    {}
+    crate::reaper::reap_failed_spawn(pid);
     Err(io::Error::from_raw_os_error(errno))
 }
 

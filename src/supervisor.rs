@@ -38,6 +38,15 @@ use crate::reaper::Reaper;
 use crate::report::{self, Facts, Ledger, Report, TeardownJson};
 use crate::signals::{self, Signal, SignalStream};
 use crate::spawn::{HelperOutput, spawn_helper};
+use crate::tree::{Real, Tree};
+
+/// What readiness first passing waits for (DESIGN §7).
+pub struct Readiness {
+    /// The configured checks (none: only `app_ready`, or ready at once).
+    pub checks: Rc<Checks>,
+    /// With `--ready-notify`: yields at the app's first `READY=1` (`notify.rs`).
+    pub app_ready: Option<oneshot::Receiver<()>>,
+}
 
 /// A running teardown step.
 struct Step {
@@ -60,6 +69,8 @@ pub struct Supervisor {
     cfg: Config,
     drain: Drain,
     reaper: Rc<RefCell<Reaper>>,
+    /// The process tree: every `/proc` read and every signal sent goes through it.
+    tree: Rc<dyn Tree>,
     signals: SignalStream,
     state_tx: watch::Sender<Published>,
     child_pid: i32,
@@ -88,6 +99,8 @@ pub struct Supervisor {
     /// signal, a deadline) had their turn.
     reap_more: bool,
     queue: VecDeque<Event>,
+    /// What readiness waits for, until [`Supervisor::run`] starts its task.
+    readiness: Option<Readiness>,
     ready_rx: Option<oneshot::Receiver<()>>,
     step: Option<Step>,
     steps_done: Vec<StepDone>,
@@ -114,6 +127,29 @@ impl Supervisor {
         app_ready: Option<oneshot::Receiver<()>>,
         child_pid: i32,
     ) -> Supervisor {
+        let readiness = Readiness { checks, app_ready };
+        Supervisor::with_tree(
+            cfg,
+            reaper,
+            Rc::new(Real),
+            signals,
+            state_tx,
+            readiness,
+            child_pid,
+        )
+    }
+
+    /// As [`Supervisor::new`], over `tree` (a fake one in tests). Starts nothing:
+    /// the readiness task starts in [`Supervisor::run`].
+    pub fn with_tree(
+        cfg: Config,
+        reaper: Rc<RefCell<Reaper>>,
+        tree: Rc<dyn Tree>,
+        signals: SignalStream,
+        state_tx: watch::Sender<Published>,
+        readiness: Readiness,
+        child_pid: i32,
+    ) -> Supervisor {
         let policy = Policy {
             pre_drain_delay: cfg.pre_drain_delay,
             delay_needs_routing: cfg.pre_drain_delay_rule == DelayRule::WhenRouted,
@@ -123,34 +159,19 @@ impl Supervisor {
             second_signal: cfg.second_signal,
             rewrite: cfg.rewrite.clone(),
         };
-        let mut queue = VecDeque::new();
-        let ready_rx = if checks.is_empty() && app_ready.is_none() {
-            // Nothing configured: ready as soon as the child is spawned (DESIGN §7).
-            queue.push_back(Event::ReadinessPassed);
-            None
-        } else {
-            let (tx, rx) = oneshot::channel();
-            let interval = cfg.ready_interval;
-            tokio::task::spawn_local(async move {
-                if !checks.is_empty() {
-                    checks::wait_ready(checks, interval).await;
-                }
-                // A notify task that is gone never sent READY=1: never ready, and
-                // `tx` is kept, since a dropped sender would wake the loop as Ready.
-                if let Some(app_ready) = app_ready
-                    && app_ready.await.is_err()
-                {
-                    std::future::pending::<()>().await;
-                }
-                let _ = tx.send(());
-            });
-            Some(rx)
-        };
         let me = std::process::id() as i32;
+        let proc_ok = tree.is_own_namespace();
+        if !proc_ok {
+            log::warn!(
+                "/proc is not this PID namespace's (mount a fresh /proc, e.g. unshare --mount-proc): \
+                 descendants cannot be found; only the main child and reaped processes are tracked"
+            );
+        }
         Supervisor {
             cfg,
             drain: Drain::new(policy),
             reaper,
+            tree,
             signals,
             state_tx,
             child_pid,
@@ -159,29 +180,50 @@ impl Supervisor {
             is_pid1: me == 1,
             epoch: Instant::now(),
             ledger: Ledger::default(),
-            proc_ok: {
-                let ok = procs::is_own_namespace();
-                if !ok {
-                    log::warn!(
-                        "/proc is not this PID namespace's (mount a fresh /proc, e.g. unshare --mount-proc): \
-                         descendants cannot be found; only the main child and reaped processes are tracked"
-                    );
-                }
-                ok
-            },
+            proc_ok,
             outsiders: false,
             signalled: HashSet::new(),
             sampled: None,
             sample_due: None,
             reap_more: false,
-            queue,
-            ready_rx,
+            queue: VecDeque::new(),
+            readiness: Some(readiness),
+            ready_rx: None,
             step: None,
             steps_done: Vec::new(),
             outcome: None,
             progress_at: None,
             partial_due: false,
         }
+    }
+
+    /// Starts the readiness task: it yields once every check and, with
+    /// `--ready-notify`, the app's `READY=1` have passed. With nothing configured,
+    /// readiness passes at once (DESIGN §7).
+    fn start_readiness(&mut self) {
+        let Some(Readiness { checks, app_ready }) = self.readiness.take() else {
+            return;
+        };
+        if checks.is_empty() && app_ready.is_none() {
+            self.queue.push_back(Event::ReadinessPassed);
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        let interval = self.cfg.ready_interval;
+        tokio::task::spawn_local(async move {
+            if !checks.is_empty() {
+                checks::wait_ready(checks, interval).await;
+            }
+            // A notify task that is gone never sent READY=1: never ready, and
+            // `tx` is kept, since a dropped sender would wake the loop as Ready.
+            if let Some(app_ready) = app_ready
+                && app_ready.await.is_err()
+            {
+                std::future::pending::<()>().await;
+            }
+            let _ = tx.send(());
+        });
+        self.ready_rx = Some(rx);
     }
 
     fn now(&self) -> Duration {
@@ -196,6 +238,7 @@ impl Supervisor {
 
     /// Runs until the drain machine says exit; returns the report to write.
     pub async fn run(mut self) -> Report {
+        self.start_readiness();
         self.process();
         while self.outcome.is_none() {
             let mut deadline = self.drain.next_deadline().map(|at| self.epoch + at);
@@ -382,10 +425,10 @@ impl Supervisor {
         }
         // Not PID 1 and no child at all: nothing below drainit is left (it is a
         // subreaper, see `reaper::has_children`). One syscall instead of a walk.
-        if !self.is_pid1 && !crate::reaper::has_children() {
+        if !self.is_pid1 && !self.tree.has_children() {
             return Some(Vec::new());
         }
-        match procs::descendants(self.me, &self.helpers()) {
+        match self.tree.descendants(self.me, &self.helpers()) {
             Ok(v) => Some(v),
             Err(e) => {
                 log::error!("reading /proc to find descendants failed: {e}");
@@ -415,7 +458,7 @@ impl Supervisor {
     }
 
     fn send(&self, target: i32, sig: Signal) {
-        send_to(target, sig);
+        send_to(&*self.tree, target, sig);
     }
 
     /// The non-helper children of drainit, zombies included (see
@@ -425,7 +468,7 @@ impl Supervisor {
         if !self.proc_ok {
             return None;
         }
-        match procs::children(self.me) {
+        match self.tree.children(self.me) {
             Ok(Some(v)) => {
                 let helpers = self.helpers();
                 Some(v.into_iter().filter(|p| !helpers.contains(p)).collect())
@@ -443,7 +486,7 @@ impl Supervisor {
     fn no_child_left(&self) -> bool {
         match self.own_children() {
             Some(v) => v.is_empty(),
-            None => !crate::reaper::has_children(),
+            None => !self.tree.has_children(),
         }
     }
 
@@ -538,7 +581,7 @@ impl Supervisor {
                 // signal. The main child is read now, so that one killed by the
                 // forward at once is still counted in flight.
                 let child = if self.child_alive && self.proc_ok {
-                    procs::stat_of(self.child_pid).filter(|p| !p.zombie)
+                    self.tree.stat_of(self.child_pid).filter(|p| !p.zombie)
                 } else {
                     None
                 };
@@ -550,7 +593,7 @@ impl Supervisor {
                 // whether it is stopped. The signal goes first, the accounting
                 // after.
                 let child = if self.child_alive && self.proc_ok {
-                    procs::stat_of(self.child_pid)
+                    self.tree.stat_of(self.child_pid)
                 } else {
                     None
                 };
@@ -628,14 +671,14 @@ impl Supervisor {
     /// Each process is signalled as the walk finds it, not after the walk: in a
     /// tree of thousands the first signal goes out after one `/proc` read.
     fn signal_remaining(&mut self, sig: Signal) {
-        let (me, helpers) = (self.me, self.helpers());
+        let (me, helpers, tree) = (self.me, self.helpers(), self.tree.clone());
         let signalled = &mut self.signalled;
         let mut hit = |p: &procs::Proc| {
             if !p.zombie && signalled.insert(p.id()) {
-                send_to(p.pid, sig);
+                send_to(&*tree, p.pid, sig);
                 metrics::signal_forwarded(&sig.to_string());
                 if p.stopped {
-                    send_to(p.pid, Signal::CONT);
+                    send_to(&*tree, p.pid, Signal::CONT);
                 }
                 log::info!("sent {sig} to remaining process {} ({})", p.pid, p.comm);
             }
@@ -646,8 +689,8 @@ impl Supervisor {
         }
         // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
         let mut seen = Vec::new();
-        if self.proc_ok && (self.is_pid1 || crate::reaper::has_children()) {
-            let r = procs::visit(me, &helpers, |p| {
+        if self.proc_ok && (self.is_pid1 || self.tree.has_children()) {
+            let r = tree.visit(me, &helpers, &mut |p| {
                 hit(p);
                 if !p.zombie {
                     seen.push(p.clone());
@@ -675,15 +718,15 @@ impl Supervisor {
         // Failures are not logged here: the walk below finds each process still
         // alive, kills it by pid and records (and logs, once) what it cannot kill.
         if self.child_alive {
-            let _ = signals::send(self.child_pid, Signal::KILL);
+            let _ = self.tree.kill(self.child_pid, Signal::KILL);
         }
         if self.is_pid1 {
             // As PID 1, -1 means every process of this PID namespace but drainit
             // (kill(2)); never used outside PID 1, where it would reach processes
             // drainit did not start.
-            let _ = signals::send(-1, Signal::KILL);
+            let _ = self.tree.kill(-1, Signal::KILL);
         } else if self.child_alive {
-            let _ = signals::send(-self.child_pid, Signal::KILL);
+            let _ = self.tree.kill(-self.child_pid, Signal::KILL);
         }
         let mut killed = 0;
         let mut unkillable = 0;
@@ -701,8 +744,8 @@ impl Supervisor {
                     // (Both were sent SIGKILL above; sent again, to learn the
                     // outcome for the main child.)
                     if self.child_alive {
-                        let comm = procs::comm(self.child_pid).unwrap_or_default();
-                        match signals::send(self.child_pid, Signal::KILL) {
+                        let comm = self.tree.comm(self.child_pid).unwrap_or_default();
+                        match self.tree.kill(self.child_pid, Signal::KILL) {
                             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                                 if self.ledger.unkillable(self.child_pid, comm) {
                                     unkillable += 1;
@@ -728,7 +771,7 @@ impl Supervisor {
             }
         }
         if self.is_pid1 {
-            let _ = signals::send(-1, Signal::KILL);
+            let _ = self.tree.kill(-1, Signal::KILL);
         }
         if killed > 0 {
             self.drain.note_killed(killed_at);
@@ -747,7 +790,7 @@ impl Supervisor {
         if !self.proc_ok {
             return None;
         }
-        if !self.is_pid1 && !crate::reaper::has_children() {
+        if !self.is_pid1 && !self.tree.has_children() {
             return Some((0, 0));
         }
         let (me, helpers) = (self.me, self.helpers());
@@ -756,7 +799,8 @@ impl Supervisor {
         let (mut killed, mut unkillable) = (0, 0);
         let mut leaders = HashSet::new();
         let mut groups = HashSet::new();
-        let r = procs::visit(me, &helpers, |p| {
+        let tree = self.tree.clone();
+        let r = tree.visit(me, &helpers, &mut |p| {
             // Ended by itself (before the kill): not abandoned.
             if p.zombie && !p.killed {
                 return;
@@ -765,7 +809,7 @@ impl Supervisor {
                 if ledger.is_unkillable(p.pid) {
                     return;
                 }
-                if let Err(e) = signals::send(p.pid, Signal::KILL)
+                if let Err(e) = tree.kill(p.pid, Signal::KILL)
                     && e.raw_os_error() == Some(libc::EPERM)
                 {
                     if ledger.unkillable(p.pid, p.comm.clone()) {
@@ -796,7 +840,7 @@ impl Supervisor {
         // unreaped) also catch what forked between the read and the kill.
         for g in groups {
             if leaders.contains(&g) || (g == self.child_pid && self.child_alive) {
-                let _ = signals::send(-g, Signal::KILL);
+                let _ = self.tree.kill(-g, Signal::KILL);
             }
         }
         Some((killed, unkillable))
@@ -816,13 +860,13 @@ impl Supervisor {
             if self.ledger.is_abandoned(pid) {
                 continue;
             }
-            let Some(p) = procs::stat_of(pid) else {
+            let Some(p) = self.tree.stat_of(pid) else {
                 continue;
             };
             if p.zombie || self.ledger.is_unkillable(pid) {
                 continue;
             }
-            match signals::send(pid, Signal::KILL) {
+            match self.tree.kill(pid, Signal::KILL) {
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                     if self.ledger.unkillable(pid, p.comm.clone()) {
                         unkillable += 1;
@@ -1110,8 +1154,8 @@ fn describe_exit(e: ChildExit) -> String {
 
 /// Sends `sig` to `target` (a pid, or a negated process group); failures are
 /// logged but for `ESRCH`.
-fn send_to(target: i32, sig: Signal) {
-    match signals::send(target, sig) {
+fn send_to(tree: &dyn Tree, target: i32, sig: Signal) {
+    match tree.kill(target, sig) {
         Ok(()) => {}
         // ESRCH: the target is already gone (it races with its own exit).
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
