@@ -34,7 +34,7 @@
 //! **Who kills.** Only the [`tree`] module sends signals (`tree::kill`, the one
 //! `kill(2)` call): the forward, the leftovers' drain signal, every SIGKILL (the
 //! deadline's, a teardown step's, an exec check's that timed out). The
-//! [`supervisor`] asks for them, and only for processes it has just seen alive and
+//! [`driver`] asks for them, and only for processes it has just seen alive and
 //! unreaped, in the same synchronous step, on the one runtime thread that also
 //! reaps: a pid is never signalled after it was reaped.
 //! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
@@ -58,7 +58,7 @@
 //! T0 and at the forward, so a SIGKILL of drainit itself still leaves evidence.
 //! Then `stopping`: teardown steps, the exit report, the exit code (0 clean, 2
 //! abandoned, unkillable or teardown failed). The policy is the pure state machine
-//! in [`drain`]; the [`supervisor`] only drives it.
+//! in [`drain`]; the [`driver`] only drives it.
 //!
 //! **"No descendant left" is proven.** A `/proc` walk can miss a process forked
 //! just as its parent exits (the walk lists the parent, the parent is gone by the
@@ -103,6 +103,7 @@
 pub mod checks;
 pub mod config;
 pub mod drain;
+pub mod driver;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
@@ -114,6 +115,10 @@ pub mod reaper;
 pub mod report;
 pub mod signals;
 pub mod spawn;
-pub mod supervisor;
+pub mod teardown;
+/// The driver under its former name (`main.rs` names it so).
+pub mod supervisor {
+    pub use crate::driver::Driver as Supervisor;
+}
 pub mod tree;
 pub mod user;

@@ -19,12 +19,14 @@
 //! takes tens of milliseconds to read), and the report's times are the instants
 //! the signals were sent. "No descendant left" is proven, never inferred from a
 //! walk that may miss a process forked while its parent exited
-//! (`Supervisor::nothing_left`).
+//! (`Driver::nothing_left`).
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{oneshot, watch};
 
@@ -35,9 +37,9 @@ use crate::metrics;
 use crate::procs;
 use crate::published::Published;
 use crate::reaper::Reaper;
-use crate::report::{self, Facts, Ledger, Report, TeardownJson};
+use crate::report::{Facts, Ledger, Report};
 use crate::signals::{self, Signal, SignalStream};
-use crate::spawn::{HelperOutput, spawn_helper};
+use crate::teardown::Teardown;
 use crate::tree::{Real, Tree};
 
 /// What readiness first passing waits for (DESIGN §7).
@@ -48,24 +50,9 @@ pub struct Readiness {
     pub app_ready: Option<oneshot::Receiver<()>>,
 }
 
-/// A running teardown step.
-struct Step {
-    pid: Option<i32>,
-    started: Instant,
-    rx: Option<oneshot::Receiver<ChildExit>>,
-}
-
-/// What a finished teardown step left for the report.
-struct StepDone {
-    duration: Duration,
-    exit: Option<ChildExit>,
-    /// Why the step could not be started (`not found`, `permission denied`).
-    spawn_error: Option<String>,
-}
-
-/// The supervisor's state. Build it with [`Supervisor::new`] right after the
-/// spawn, then [`Supervisor::run`].
-pub struct Supervisor {
+/// The supervisor's state. Build it with [`Driver::new`] right after the
+/// spawn, then [`Driver::run`].
+pub struct Driver {
     cfg: Config,
     drain: Drain,
     reaper: Rc<RefCell<Reaper>>,
@@ -99,11 +86,10 @@ pub struct Supervisor {
     /// signal, a deadline) had their turn.
     reap_more: bool,
     queue: VecDeque<Event>,
-    /// What readiness waits for, until [`Supervisor::run`] starts its task.
+    /// What readiness waits for, until [`Driver::run`] starts its task.
     readiness: Option<Readiness>,
     ready_rx: Option<oneshot::Receiver<()>>,
-    step: Option<Step>,
-    steps_done: Vec<StepDone>,
+    teardown: Teardown,
     outcome: Option<Outcome>,
     /// When the next drain progress line is due (from `epoch`); `None` outside
     /// beat 3 (no timer runs while idle).
@@ -114,7 +100,7 @@ pub struct Supervisor {
     partial_due: bool,
 }
 
-impl Supervisor {
+impl Driver {
     /// `child_pid` was just spawned and registered with `reaper`. `app_ready` is
     /// `Some` with `--ready-notify`: it yields at the app's first `READY=1`
     /// (`notify.rs`); readiness passes once it and every check have passed.
@@ -126,9 +112,9 @@ impl Supervisor {
         checks: Rc<Checks>,
         app_ready: Option<oneshot::Receiver<()>>,
         child_pid: i32,
-    ) -> Supervisor {
+    ) -> Driver {
         let readiness = Readiness { checks, app_ready };
-        Supervisor::with_tree(
+        Driver::with_tree(
             cfg,
             reaper,
             Rc::new(Real),
@@ -139,8 +125,8 @@ impl Supervisor {
         )
     }
 
-    /// As [`Supervisor::new`], over `tree` (a fake one in tests). Starts nothing:
-    /// the readiness task starts in [`Supervisor::run`].
+    /// As [`Driver::new`], over `tree` (a fake one in tests). Starts nothing:
+    /// the readiness task starts in [`Driver::run`].
     pub fn with_tree(
         cfg: Config,
         reaper: Rc<RefCell<Reaper>>,
@@ -149,7 +135,7 @@ impl Supervisor {
         state_tx: watch::Sender<Published>,
         readiness: Readiness,
         child_pid: i32,
-    ) -> Supervisor {
+    ) -> Driver {
         let policy = Policy {
             pre_drain_delay: cfg.pre_drain_delay,
             delay_needs_routing: cfg.pre_drain_delay_rule == DelayRule::WhenRouted,
@@ -160,6 +146,7 @@ impl Supervisor {
             rewrite: cfg.rewrite.clone(),
         };
         let me = std::process::id() as i32;
+        let teardown = Teardown::new(cfg.teardown.clone());
         let proc_ok = tree.is_own_namespace();
         if !proc_ok {
             log::warn!(
@@ -167,7 +154,7 @@ impl Supervisor {
                  descendants cannot be found; only the main child and reaped processes are tracked"
             );
         }
-        Supervisor {
+        Driver {
             cfg,
             drain: Drain::new(policy),
             reaper,
@@ -189,8 +176,7 @@ impl Supervisor {
             queue: VecDeque::new(),
             readiness: Some(readiness),
             ready_rx: None,
-            step: None,
-            steps_done: Vec::new(),
+            teardown,
             outcome: None,
             progress_at: None,
             partial_due: false,
@@ -251,19 +237,16 @@ impl Supervisor {
             if self.drain.settling() && self.reap_more {
                 deadline = None;
             }
-            let deadline = deadline.map(tokio::time::Instant::from_std);
             let polling = self.outsiders && self.drain.waits_for_descendants();
             if !self.drain.awaits_deadline() {
                 self.progress_at = None;
             }
-            let progress = self
-                .progress_at
-                .map(|at| tokio::time::Instant::from_std(self.epoch + at));
+            let progress = self.progress_at.map(|at| self.epoch + at);
             let reaping = self.reap_more;
             let woke = {
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
-                let step_rx = self.step.as_mut().and_then(|s| s.rx.as_mut());
+                let step_rx = self.teardown.status();
                 tokio::select! {
                     biased;
                     received = signals.recv() => Woke::Signals(received),
@@ -310,7 +293,11 @@ impl Supervisor {
                     log::info!("ready: every readiness check passed");
                     self.queue.push_back(Event::ReadinessPassed);
                 }
-                Woke::StepExited(exit) => self.finish_step(exit),
+                Woke::StepExited(exit) => {
+                    if let Some(ok) = self.teardown.finish(exit) {
+                        self.queue.push_back(Event::TeardownExited { ok });
+                    }
+                }
                 Woke::Tick => self.queue.push_back(Event::Tick),
                 Woke::Progress => self.log_progress(),
                 Woke::Poll => self.check_descendants(false),
@@ -394,10 +381,8 @@ impl Supervisor {
         Report::from_facts(Facts {
             outcome: None,
             phase: self.drain.phase(),
-            signal: self.drain.drain_signal(),
+            record: self.drain.record(),
             child_pid: self.child_pid,
-            child_exit: self.drain.child_exit(),
-            timeline: self.drain.timeline(),
             ledger: &self.ledger,
             teardown: Vec::new(),
             orphans: self.reaper.borrow().orphans(),
@@ -644,16 +629,15 @@ impl Supervisor {
             Action::StartTeardown(i) => {
                 // The drain is over: a teardown step's processes are not part of it.
                 self.ledger.close();
-                self.start_step(i);
+                if let Some(ok) = self.teardown.start(i, &self.reaper) {
+                    self.queue.push_back(Event::TeardownExited { ok });
+                }
             }
             Action::KillTeardown(i) => {
-                if let Some(pid) = self.step.as_ref().and_then(|s| s.pid)
+                if let Some(pid) = self.teardown.running_pid()
                     && self.reaper.borrow().is_waiting(pid)
                 {
-                    log::warn!(
-                        "teardown step '{}' is being killed",
-                        self.cfg.teardown[i].name
-                    );
+                    log::warn!("teardown step '{}' is being killed", self.teardown.name(i));
                     self.send(-pid, Signal::KILL);
                 }
             }
@@ -910,61 +894,6 @@ impl Supervisor {
         );
     }
 
-    fn start_step(&mut self, i: usize) {
-        // The previous step was killed but never reaped (the machine gave up
-        // after its settle time): account for it before the next one starts.
-        if let Some(old) = self.step.take() {
-            self.steps_done.push(StepDone {
-                duration: old.started.elapsed(),
-                exit: None,
-                spawn_error: None,
-            });
-        }
-        let step = &self.cfg.teardown[i];
-        log::info!("teardown step '{}' starting", step.name);
-        let started = Instant::now();
-        let spawned = {
-            let mut reaper = self.reaper.borrow_mut();
-            spawn_helper(&step.argv, HelperOutput::Inherit).map(|pid| (pid, reaper.register(pid)))
-        };
-        match spawned {
-            Ok((pid, rx)) => {
-                self.step = Some(Step {
-                    pid: Some(pid),
-                    started,
-                    rx: Some(rx),
-                })
-            }
-            Err(e) => {
-                log::error!(
-                    "teardown step '{}' could not be started: {}",
-                    step.name,
-                    crate::spawn::io_error_kind(&e)
-                );
-                self.step = Some(Step {
-                    pid: None,
-                    started,
-                    rx: None,
-                });
-                self.finish_step(None);
-                if let Some(done) = self.steps_done.last_mut() {
-                    done.spawn_error = Some(crate::spawn::io_error_kind(&e));
-                }
-            }
-        }
-    }
-
-    fn finish_step(&mut self, exit: Option<ChildExit>) {
-        let Some(step) = self.step.take() else { return };
-        let ok = exit == Some(ChildExit::Code(0));
-        self.steps_done.push(StepDone {
-            duration: step.started.elapsed(),
-            exit,
-            spawn_error: None,
-        });
-        self.queue.push_back(Event::TeardownExited { ok });
-    }
-
     fn on_sigchld(&mut self) {
         let round = self.reaper.borrow_mut().reap();
         for (pid, _) in &round.orphans {
@@ -985,7 +914,7 @@ impl Supervisor {
     }
 
     /// While the drain waits for descendants: notice when none is left (proven,
-    /// see `Supervisor::nothing_left`); while a kill settles, kill what is
+    /// see `Driver::nothing_left`); while a kill settles, kill what is
     /// still there. `none_left`: the reaper saw `ECHILD`.
     ///
     /// Checking on SIGCHLD is enough: the last descendant to end is always a child
@@ -1051,25 +980,7 @@ impl Supervisor {
             let alive: HashSet<(i32, u64)> = alive.iter().map(procs::Proc::id).collect();
             self.ledger.settle(&alive);
         }
-        let timeouts: Vec<Duration> = self.cfg.teardown.iter().map(|t| t.timeout).collect();
-        let teardown: Vec<TeardownJson> = self
-            .drain
-            .teardown()
-            .iter()
-            .enumerate()
-            .map(|(i, end)| {
-                let done = self.steps_done.get(i);
-                TeardownJson {
-                    name: self.cfg.teardown[i].name.clone(),
-                    ok: *end == crate::drain::StepEnd::Ok,
-                    duration_ms: done.map_or(0, |d| d.duration.as_millis() as u64),
-                    error: match done.and_then(|d| d.spawn_error.as_ref()) {
-                        Some(kind) => Some(format!("could not be started: {kind}")),
-                        None => report::step_error(*end, done.and_then(|d| d.exit), timeouts[i]),
-                    },
-                }
-            })
-            .collect();
+        let teardown = self.teardown.report(self.drain.teardown());
         let t = self.drain.timeline();
         match outcome.reason {
             crate::drain::Reason::Drained => log::info!(
@@ -1093,10 +1004,8 @@ impl Supervisor {
         Report::from_facts(Facts {
             outcome: Some(outcome),
             phase: self.drain.phase(),
-            signal: self.drain.drain_signal(),
+            record: self.drain.record(),
             child_pid: self.child_pid,
-            child_exit: self.drain.child_exit(),
-            timeline: t,
             ledger: &self.ledger,
             teardown,
             orphans: self.reaper.borrow().orphans(),
