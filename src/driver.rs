@@ -42,6 +42,28 @@ use crate::signals::{self, Signal, SignalStream};
 use crate::teardown::Teardown;
 use crate::tree::{Real, Tree};
 
+/// Where the driver reads signals from.
+pub enum Signals {
+    /// The signalfd (drainit itself).
+    Fd(SignalStream),
+    /// Batches sent on a channel (the driver's tests, with a fake tree). A closed
+    /// channel never yields.
+    Channel(tokio::sync::mpsc::UnboundedReceiver<Vec<signals::Received>>),
+}
+
+impl Signals {
+    /// The next batch of signals read at once.
+    async fn recv(&mut self) -> Vec<signals::Received> {
+        match self {
+            Signals::Fd(fd) => fd.recv().await,
+            Signals::Channel(rx) => match rx.recv().await {
+                Some(batch) => batch,
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
+
 /// What readiness first passing waits for (DESIGN §7).
 pub struct Readiness {
     /// The configured checks (none: only `app_ready`, or ready at once).
@@ -58,7 +80,7 @@ pub struct Driver {
     reaper: Rc<RefCell<Reaper>>,
     /// The process tree: every `/proc` read and every signal sent goes through it.
     tree: Rc<dyn Tree>,
-    signals: SignalStream,
+    signals: Signals,
     state_tx: watch::Sender<Published>,
     child_pid: i32,
     child_alive: bool,
@@ -118,7 +140,7 @@ impl Driver {
             cfg,
             reaper,
             Rc::new(Real),
-            signals,
+            Signals::Fd(signals),
             state_tx,
             readiness,
             child_pid,
@@ -131,7 +153,7 @@ impl Driver {
         cfg: Config,
         reaper: Rc<RefCell<Reaper>>,
         tree: Rc<dyn Tree>,
-        signals: SignalStream,
+        signals: Signals,
         state_tx: watch::Sender<Published>,
         readiness: Readiness,
         child_pid: i32,
@@ -1069,5 +1091,440 @@ fn send_to(tree: &dyn Tree, target: i32, sig: Signal) {
         // ESRCH: the target is already gone (it races with its own exit).
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
         Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver against a fake process tree, under paused time: what is
+    //! signalled, when (virtual time from the first drain signal), and what the
+    //! report says.
+    use super::*;
+    use std::collections::BTreeMap;
+    use tokio::sync::mpsc;
+
+    use crate::procs::Proc;
+    use crate::tree::Waited;
+
+    const CHILD: i32 = 4_000_000;
+
+    /// How a fake process answers a signal.
+    #[derive(Clone, Copy)]
+    enum Reacts {
+        /// Exits (killed by the signal) this long after a TERM, INT or QUIT.
+        ExitsAfter(Duration),
+        /// Ignores everything but SIGKILL.
+        Ignores,
+    }
+
+    struct FakeProc {
+        pgid: i32,
+        reacts: Reacts,
+        /// Ended, not yet reaped.
+        ended: Option<ChildExit>,
+    }
+
+    /// A tree of fake processes, all children of drainit. A process's end
+    /// raises SIGCHLD on the driver's signal channel.
+    struct FakeTree {
+        me: i32,
+        procs: RefCell<BTreeMap<i32, FakeProc>>,
+        /// Every signal sent, with the virtual instant.
+        sent: RefCell<Vec<(Instant, i32, Signal)>>,
+        chld: mpsc::UnboundedSender<Vec<signals::Received>>,
+        me_weak: RefCell<std::rc::Weak<FakeTree>>,
+    }
+
+    impl FakeTree {
+        fn add(&self, pid: i32, pgid: i32, reacts: Reacts) {
+            let p = FakeProc {
+                pgid,
+                reacts,
+                ended: None,
+            };
+            self.procs.borrow_mut().insert(pid, p);
+        }
+
+        fn end(&self, pid: i32, exit: ChildExit) {
+            if let Some(p) = self.procs.borrow_mut().get_mut(&pid)
+                && p.ended.is_none()
+            {
+                p.ended = Some(exit);
+            }
+            let _ = self.chld.send(vec![received(Signal::CHLD)]);
+        }
+
+        fn proc(&self, pid: i32, p: &FakeProc) -> Proc {
+            Proc {
+                pid,
+                ppid: self.me,
+                pgid: p.pgid,
+                comm: "fake".into(),
+                start: 1,
+                zombie: p.ended.is_some(),
+                killed: p.ended == Some(ChildExit::Signal(Signal::KILL)),
+                stopped: false,
+            }
+        }
+
+        fn deliver(&self, pid: i32, sig: Signal) {
+            let reacts = match self.procs.borrow().get(&pid) {
+                Some(p) if p.ended.is_none() => p.reacts,
+                _ => return,
+            };
+            match (sig, reacts) {
+                (Signal::KILL, _) => self.end(pid, ChildExit::Signal(Signal::KILL)),
+                (sig, Reacts::ExitsAfter(d))
+                    if [Signal::TERM, Signal::INT, Signal::QUIT].contains(&sig) =>
+                {
+                    let me = self.me_weak.borrow().upgrade().expect("the tree lives");
+                    tokio::task::spawn_local(async move {
+                        tokio::time::sleep(d).await;
+                        me.end(pid, ChildExit::Signal(sig));
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    impl Tree for FakeTree {
+        fn is_own_namespace(&self) -> bool {
+            true
+        }
+        fn stat_of(&self, pid: i32) -> Option<Proc> {
+            self.procs.borrow().get(&pid).map(|p| self.proc(pid, p))
+        }
+        fn comm(&self, _pid: i32) -> Option<String> {
+            Some("fake".into())
+        }
+        fn descendants(&self, _root: i32, _exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
+            let procs = self.procs.borrow();
+            Ok(procs
+                .iter()
+                .filter(|(_, p)| p.ended.is_none())
+                .map(|(pid, p)| self.proc(*pid, p))
+                .collect())
+        }
+        fn visit(
+            &self,
+            _root: i32,
+            _exclude: &HashSet<i32>,
+            f: &mut dyn FnMut(&Proc),
+        ) -> std::io::Result<()> {
+            let all: Vec<Proc> = {
+                let procs = self.procs.borrow();
+                procs.iter().map(|(pid, p)| self.proc(*pid, p)).collect()
+            };
+            all.iter().for_each(f);
+            Ok(())
+        }
+        fn children(&self, _pid: i32) -> std::io::Result<Option<Vec<i32>>> {
+            Ok(Some(self.procs.borrow().keys().copied().collect()))
+        }
+        fn kill(&self, target: i32, sig: Signal) -> std::io::Result<()> {
+            self.sent.borrow_mut().push((Instant::now(), target, sig));
+            let pids: Vec<i32> = {
+                let procs = self.procs.borrow();
+                procs
+                    .iter()
+                    .filter(|(pid, p)| match target {
+                        -1 => true,
+                        t if t < 0 => p.pgid == -t,
+                        t => **pid == t,
+                    })
+                    .map(|(pid, _)| *pid)
+                    .collect()
+            };
+            if pids.is_empty() {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            pids.into_iter().for_each(|pid| self.deliver(pid, sig));
+            Ok(())
+        }
+        fn has_children(&self) -> bool {
+            !self.procs.borrow().is_empty()
+        }
+        fn wait_pid(&self, pid: i32) -> Option<ChildExit> {
+            let mut procs = self.procs.borrow_mut();
+            let exit = procs.get(&pid)?.ended?;
+            procs.remove(&pid);
+            Some(exit)
+        }
+        fn wait_any(&self) -> Waited {
+            let mut procs = self.procs.borrow_mut();
+            let ended = procs.iter().find_map(|(pid, p)| p.ended.map(|e| (*pid, e)));
+            match ended {
+                Some((pid, exit)) => {
+                    procs.remove(&pid);
+                    Waited::Exited(pid, exit)
+                }
+                None if procs.is_empty() => Waited::NoChildren,
+                None => Waited::NoneExited,
+            }
+        }
+    }
+
+    fn received(signal: Signal) -> signals::Received {
+        signals::Received { signal, sender: 1 }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    struct World {
+        tree: Rc<FakeTree>,
+        signals_tx: mpsc::UnboundedSender<Vec<signals::Received>>,
+        driver: Driver,
+    }
+
+    /// A driver over a fake tree with one main child (`CHILD`, reacting as
+    /// `child`), configured by `flags`.
+    fn world(flags: &[&str], child: Reacts) -> World {
+        let (signals_tx, signals_rx) = mpsc::unbounded_channel();
+        let tree = Rc::new(FakeTree {
+            me: std::process::id() as i32,
+            procs: RefCell::new(BTreeMap::new()),
+            sent: RefCell::new(Vec::new()),
+            chld: signals_tx.clone(),
+            me_weak: RefCell::new(std::rc::Weak::new()),
+        });
+        *tree.me_weak.borrow_mut() = Rc::downgrade(&tree);
+        tree.add(CHILD, CHILD, child);
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["drainit".into(), "--probe-addr".into(), "off".into()];
+        args.extend(flags.iter().map(Into::into));
+        args.extend(["--".into(), "app".into()]);
+        struct NoEnv;
+        impl crate::config::Env for NoEnv {
+            fn get(&self, _: &str) -> Option<String> {
+                None
+            }
+        }
+        let cfg = crate::config::load_from(args, &NoEnv).expect("valid flags");
+        let reaper = Rc::new(RefCell::new(Reaper::with_tree(tree.clone())));
+        reaper.borrow_mut().set_main(CHILD);
+        let (state_tx, _) = watch::channel(Published::new());
+        let readiness = Readiness {
+            checks: Checks::new(Vec::new(), reaper.clone()),
+            app_ready: None,
+        };
+        let driver = Driver::with_tree(
+            cfg,
+            reaper,
+            tree.clone(),
+            Signals::Channel(signals_rx),
+            state_tx,
+            readiness,
+            CHILD,
+        );
+        World {
+            tree,
+            signals_tx,
+            driver,
+        }
+    }
+
+    impl World {
+        /// Runs the driver to its exit: `TERM` at `t0`, then `more` signals at
+        /// their instants (all from the start). Returns the report's JSON and
+        /// what was sent, in ms since the first drain signal.
+        async fn run(
+            self,
+            t0: Duration,
+            more: &[(u64, Signal)],
+        ) -> (serde_json::Value, Vec<(u64, i32, Signal)>) {
+            let start = Instant::now();
+            let tx = self.signals_tx.clone();
+            let mut at = vec![(t0, Signal::TERM)];
+            at.extend(more.iter().map(|(ms_, s)| (ms(*ms_), *s)));
+            tokio::task::spawn_local(async move {
+                for (when, sig) in at {
+                    tokio::time::sleep_until(start + when).await;
+                    let _ = tx.send(vec![received(sig)]);
+                }
+            });
+            let report = tokio::time::timeout(Duration::from_secs(120), self.driver.run())
+                .await
+                .expect("the driver exits");
+            let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
+            let sent = self
+                .tree
+                .sent
+                .borrow()
+                .iter()
+                .map(|(when, target, sig)| {
+                    (
+                        (*when - start).saturating_sub(t0).as_millis() as u64,
+                        *target,
+                        *sig,
+                    )
+                })
+                .collect();
+            (json, sent)
+        }
+    }
+
+    async fn local<F: std::future::Future>(f: F) -> F::Output {
+        tokio::task::LocalSet::new().run_until(f).await
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_clean_drain_forwards_at_t0_plus_delay_and_exits_0() {
+        local(async {
+            let w = world(
+                &["--pre-drain-delay", "5s", "--drain-timeout", "20s"],
+                Reacts::ExitsAfter(ms(300)),
+            );
+            let (report, sent) = w.run(ms(1000), &[]).await;
+            assert_eq!(
+                sent,
+                vec![(5000, CHILD, Signal::TERM)],
+                "one forward, at T0 + delay"
+            );
+            assert_eq!(report["exit_code"], 0);
+            assert_eq!(report["reason"], "drained");
+            assert_eq!(report["drain"]["forwarded_at_ms"], 5000);
+            assert_eq!(report["drain"]["finished_at_ms"], 5300);
+            assert_eq!(report["drain"]["deadline_ms"], 25000);
+            assert_eq!(report["drain"]["in_flight_at_start"], 1);
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn what_ignores_the_drain_signal_is_killed_at_the_deadline() {
+        local(async {
+            let w = world(
+                &["--pre-drain-delay", "2s", "--drain-timeout", "3s"],
+                Reacts::Ignores,
+            );
+            w.tree.add(CHILD + 1, CHILD, Reacts::Ignores);
+            let (report, sent) = w.run(ms(0), &[]).await;
+            assert_eq!(sent.first(), Some(&(2000, CHILD, Signal::TERM)));
+            let kills: Vec<_> = sent.iter().filter(|s| s.2 == Signal::KILL).collect();
+            assert!(
+                !kills.is_empty() && kills.iter().all(|k| k.0 == 5000),
+                "SIGKILL at the deadline only: {sent:?}"
+            );
+            assert_eq!(report["exit_code"], 2);
+            assert_eq!(report["reason"], "abandoned");
+            assert_eq!(report["drain"]["abandoned"], 2);
+            assert_eq!(report["drain"]["killed_at_ms"], 5000);
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_second_signal_cuts_each_wait_short_once() {
+        local(async {
+            // In beat 2: forward now; a third signal changes nothing.
+            let w = world(
+                &["--pre-drain-delay", "5s", "--drain-timeout", "20s"],
+                Reacts::Ignores,
+            );
+            let (report, sent) = w
+                .run(ms(0), &[(1000, Signal::TERM), (2000, Signal::INT)])
+                .await;
+            assert_eq!(
+                sent.first(),
+                Some(&(1000, CHILD, Signal::TERM)),
+                "beat 2 cut short"
+            );
+            assert!(
+                sent.iter().all(|s| s.2 != Signal::KILL || s.0 == 25000),
+                "{sent:?}"
+            );
+            assert_eq!(
+                report["drain"]["deadline_ms"], 25000,
+                "the deadline never moves"
+            );
+            // In beat 3: SIGKILL now.
+            let w = world(
+                &["--pre-drain-delay", "1s", "--drain-timeout", "20s"],
+                Reacts::Ignores,
+            );
+            let (report, sent) = w.run(ms(0), &[(2000, Signal::INT)]).await;
+            assert_eq!(sent.first(), Some(&(1000, CHILD, Signal::TERM)));
+            assert!(
+                sent.contains(&(2000, CHILD, Signal::KILL)),
+                "beat 3 cut short: {sent:?}"
+            );
+            assert_eq!(report["exit_code"], 2);
+            assert_eq!(report["drain"]["killed_at_ms"], 2000);
+            assert_eq!(
+                report["drain"]["deadline_ms"], 21000,
+                "the deadline never moves"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn other_signals_are_forwarded_at_once_and_never_start_a_drain() {
+        local(async {
+            let w = world(
+                &["--pre-drain-delay", "1s", "--rewrite", "HUP:USR1"],
+                Reacts::ExitsAfter(ms(10)),
+            );
+            let (report, sent) = w.run(ms(500), &[(100, Signal::HUP)]).await;
+            assert_eq!(
+                sent,
+                vec![
+                    (0, CHILD, Signal(libc::SIGUSR1)),
+                    (1000, CHILD, Signal::TERM)
+                ],
+                "HUP rewritten at once (before T0, shown as 0), TERM at T0 + 1 s"
+            );
+            assert_eq!(report["reason"], "drained");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_child_that_exits_by_itself_gives_its_code_and_leftovers_are_drained() {
+        local(async {
+            let w = world(&["--drain-timeout", "4s"], Reacts::Ignores);
+            w.tree
+                .add(CHILD + 1, CHILD + 1, Reacts::ExitsAfter(ms(700)));
+            let tree = w.tree.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(ms(300)).await;
+                tree.end(CHILD, ChildExit::Code(3));
+            });
+            // The TERM comes long after: by then drainit has exited.
+            let (report, sent) = w.run(ms(60_000), &[]).await;
+            assert_eq!(
+                sent.len(),
+                1,
+                "the leftover got the drain signal once: {sent:?}"
+            );
+            assert_eq!((sent[0].1, sent[0].2), (CHILD + 1, Signal::TERM));
+            assert_eq!(report["exit_code"], 3);
+            assert_eq!(report["reason"], "child_exited");
+            assert_eq!(report["stop"]["finished_at_ms"], 700);
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_child_killed_by_the_drain_signal_of_its_batch_was_drained() {
+        local(async {
+            // The stop signal reached the child and drainit at once (a group
+            // kill): TERM and the child's SIGCHLD are read in one batch.
+            let w = world(&["--pre-drain-delay", "0s"], Reacts::Ignores);
+            if let Some(p) = w.tree.procs.borrow_mut().get_mut(&CHILD) {
+                p.ended = Some(ChildExit::Signal(Signal::TERM));
+            }
+            w.signals_tx
+                .send(vec![received(Signal::TERM), received(Signal::CHLD)])
+                .expect("the driver listens");
+            let (report, _) = w.run(ms(60_000), &[]).await;
+            assert_eq!(report["reason"], "drained", "{report}");
+            assert_eq!(report["exit_code"], 0);
+            assert_eq!(report["signal"], "SIGTERM");
+        })
+        .await;
     }
 }
