@@ -103,7 +103,13 @@ pub struct Driver {
     /// `SampleInFlight` was asked for in this step: the T0 count is taken at the
     /// end of the step, after the signal the step sends. Holds the main child
     /// when it was alive at the sample (read before that signal).
-    sample_due: Option<(Start, Vec<procs::Proc>)>,
+    sample_due: Option<Start>,
+    /// The drain signal this step forwarded to the main child (or its group):
+    /// a main child it killed at once was alive at T0.
+    forwarded_now: Option<Signal>,
+    /// The main child's `/proc` entry as `SampleInFlight` read it, for a
+    /// `ForwardDrain` of the same step. Cleared after every action list.
+    child_read: Option<Option<procs::Proc>>,
     /// The last reap round was full: another runs once the other wake-ups (a
     /// signal, a deadline) had their turn.
     reap_more: bool,
@@ -194,6 +200,8 @@ impl Driver {
             signalled: HashSet::new(),
             sampled: None,
             sample_due: None,
+            forwarded_now: None,
+            child_read: None,
             reap_more: false,
             queue: VecDeque::new(),
             readiness: Some(readiness),
@@ -342,10 +350,12 @@ impl Driver {
             for a in actions {
                 self.act(a);
             }
-            if let Some((start, pre)) = self.sample_due.take() {
-                self.finish_sample(start, pre);
+            if let Some(start) = self.sample_due.take() {
+                self.finish_sample(start);
             }
             self.sampled = None;
+            self.child_read = None;
+            self.forwarded_now = None;
         }
         self.publish();
         if std::mem::take(&mut self.partial_due)
@@ -532,15 +542,24 @@ impl Driver {
     /// Beat 1's count, at the end of the step that asked for it: the live
     /// descendants (read after the step's signal, if it sent one), plus the main
     /// child read before that signal.
-    fn finish_sample(&mut self, start: Start, pre: Vec<procs::Proc>) {
+    fn finish_sample(&mut self, start: Start) {
         let mut alive = match self.sampled.take() {
             Some(v) => v,
             None => self.descendants().unwrap_or_default(),
         };
-        for p in pre {
-            if !alive.iter().any(|a| a.id() == p.id()) {
-                alive.push(p);
-            }
+        // The main child, read after this step's signal (once): alive at T0
+        // unless it had ended by itself (a zombie whose SIGCHLD is not read yet);
+        // one that this step's forward killed at once was alive.
+        let child = match self.child_read.take() {
+            Some(read) => read,
+            None if self.child_alive && self.proc_ok => self.tree.stat_of(self.child_pid),
+            None => None,
+        };
+        let forwarded = self.forwarded_now;
+        if let Some(p) = child.filter(|p| !p.zombie || forwarded.is_some_and(|s| p.ended_by == s.0))
+            && !alive.iter().any(|a| a.id() == p.id())
+        {
+            alive.push(p);
         }
         self.ledger.sample(alive.iter().map(procs::Proc::id));
         match start.signal {
@@ -584,28 +603,25 @@ impl Driver {
             }
             Action::SampleInFlight(start) => {
                 // Counted at the end of this step (`finish_sample`), after the
-                // forward it may send: a walk of a large tree must not delay the
-                // signal. The main child is read now, so that one killed by the
-                // forward at once is still counted in flight.
-                let child = if self.child_alive && self.proc_ok {
-                    self.tree.stat_of(self.child_pid).filter(|p| !p.zombie)
-                } else {
-                    None
-                };
-                self.sample_due = Some((start, child.into_iter().collect()));
+                // forward it may send: neither a walk of a large tree nor a read
+                // of the main child's `/proc` entry (tens of µs) delays the signal.
+                self.sample_due = Some(start);
             }
             Action::ForwardDrain(sig) => {
                 let target = self.forward_target();
-                // One read before the signal: the main child's identity, and
-                // whether it is stopped. The signal goes first, the accounting
-                // after.
+                // The signal goes first, the accounting after: the main child's
+                // identity and whether it is stopped are read after the signal
+                // (unreaped, it is still that process, and a drain signal does
+                // not continue a stopped one).
+                self.send(target, sig);
+                self.drain.note_forwarded(self.now());
+                self.forwarded_now = Some(sig);
                 let child = if self.child_alive && self.proc_ok {
                     self.tree.stat_of(self.child_pid)
                 } else {
                     None
                 };
-                self.send(target, sig);
-                self.drain.note_forwarded(self.now());
+                self.child_read = Some(child.clone());
                 metrics::signal_forwarded(&sig.to_string());
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
                 let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
@@ -1164,6 +1180,10 @@ mod tests {
                 zombie: p.ended.is_some(),
                 killed: p.ended == Some(ChildExit::Signal(Signal::KILL)),
                 stopped: false,
+                ended_by: match p.ended {
+                    Some(ChildExit::Signal(s)) => s.0,
+                    _ => 0,
+                },
             }
         }
 
