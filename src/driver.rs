@@ -615,6 +615,10 @@ impl Driver {
                 // not continue a stopped one).
                 self.send(target, sig);
                 self.drain.note_forwarded(self.now());
+                // The child was just woken, often onto this CPU (the scheduler
+                // places a wakee near its waker): let it run before the
+                // accounting below, which reads /proc (sched_yield(2)).
+                std::thread::yield_now();
                 self.forwarded_now = Some(sig);
                 let child = if self.child_alive && self.proc_ok {
                     self.tree.stat_of(self.child_pid)
