@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use crate::signals::{RewriteMap, Signal};
 
-/// A virtual instant: time since an epoch the driver picks (the supervisor uses its
-/// start). Only differences matter.
+/// A virtual instant: time since an epoch the driver picks (its start). Only differences matter.
 pub type At = Duration;
 
 /// Drain signals that arrive within this window of the first count as the first

@@ -1,11 +1,15 @@
-//! The event loop: turns signals, reaped statuses and timers into events for the
-//! drain state machine, and carries out its actions.
+//! The driver, the event loop: wake-ups (signals, reaped statuses, timers, a
+//! teardown step's end) → events for the drain state machine → its actions →
+//! effects on the process tree (through [`crate::tree::Tree`], which makes the
+//! system calls), the published phase, the ledger and the report.
 //!
-//! Owns: the one task that reaps and the only place that kills. It runs on a
+//! Owns: the one task that reaps, and every request to signal. It runs on a
 //! single-threaded tokio runtime; the probe server and the readiness poller are
 //! other tasks on the same thread that only read what this loop publishes.
 //!
-//! Must not: decide policy (that is `drain.rs`) or await between reading a drain
+//! Must not: decide policy (that is `drain.rs`: the order of a signal batch, when
+//! to forward, to kill, to extend the kill's settle, to write a partial report,
+//! the exit code), or await between reading a drain
 //! signal and publishing `draining` (beat 1 is one synchronous step). After the
 //! spawn nothing leaves this loop but the planned exit: errors are logged and the
 //! loop carries on (catatonit's second error regime).

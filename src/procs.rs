@@ -7,7 +7,7 @@
 //! re-parented to it and the chain never breaks. Daemons that called `setsid` or
 //! double-forked are found too: process groups are not enough to find them.
 //!
-//! Must not: signal or wait for anything (only `supervisor.rs` kills, only
+//! Must not: signal or wait for anything (only `tree.rs` kills, only
 //! `reaper.rs` waits). Reading `/proc` is racy by nature; callers treat the result
 //! as a snapshot.
 
