@@ -1128,7 +1128,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use crate::procs::Proc;
-    use crate::tree::Waited;
+    use crate::reaper::{Waited, Waiter};
 
     const CHILD: i32 = 4_000_000;
 
@@ -1270,6 +1270,9 @@ mod tests {
             pids.into_iter().for_each(|pid| self.deliver(pid, sig));
             Ok(())
         }
+    }
+
+    impl Waiter for FakeTree {
         fn has_children(&self) -> bool {
             !self.procs.borrow().is_empty()
         }
@@ -1331,7 +1334,7 @@ mod tests {
             }
         }
         let cfg = crate::config::load_from(args, &NoEnv).expect("valid flags");
-        let reaper = Rc::new(RefCell::new(Reaper::with_tree(tree.clone())));
+        let reaper = Rc::new(RefCell::new(Reaper::with_waiter(tree.clone())));
         reaper.borrow_mut().set_main(CHILD);
         let (state_tx, _) = watch::channel(Published::new());
         let readiness = Readiness {

@@ -25,7 +25,44 @@ use tokio::sync::oneshot;
 
 use crate::drain::ChildExit;
 use crate::signals::Signal;
-use crate::tree::{Real, Tree, Waited};
+
+/// What one `waitpid(-1, WNOHANG)` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// This pid ended with this status (and is reaped: forget it).
+    Exited(i32, ChildExit),
+    /// Children remain, none has ended.
+    NoneExited,
+    /// `ECHILD`: drainit has no child at all.
+    NoChildren,
+}
+
+/// The wait-family calls the reaper makes: the kernel's ([`Kernel`]), or a fake
+/// tree's in the driver's tests (`tree::Tree` extends this trait).
+pub trait Waiter {
+    /// Whether drainit has any child at all, alive or unreaped (reaps nothing).
+    fn has_children(&self) -> bool;
+    /// `waitpid(pid, WNOHANG)`: its status if it has ended (and is reaped).
+    fn wait_pid(&self, pid: i32) -> Option<ChildExit>;
+    /// `waitpid(-1, WNOHANG)`.
+    fn wait_any(&self) -> Waited;
+}
+
+/// The kernel: the only `waitpid`/`waitid` calls of drainit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Kernel;
+
+impl Waiter for Kernel {
+    fn has_children(&self) -> bool {
+        has_children()
+    }
+    fn wait_pid(&self, pid: i32) -> Option<ChildExit> {
+        wait_pid(pid)
+    }
+    fn wait_any(&self) -> Waited {
+        wait_any()
+    }
+}
 
 /// What one reap round found.
 #[derive(Debug, Default)]
@@ -45,7 +82,7 @@ pub const MAX_REAP: usize = 256;
 
 /// The registry of waited-for pids.
 pub struct Reaper {
-    tree: Rc<dyn Tree>,
+    waiter: Rc<dyn Waiter>,
     main: Option<i32>,
     waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
     orphans: u64,
@@ -53,7 +90,7 @@ pub struct Reaper {
 
 impl Default for Reaper {
     fn default() -> Reaper {
-        Reaper::with_tree(Rc::new(Real))
+        Reaper::with_waiter(Rc::new(Kernel))
     }
 }
 
@@ -63,10 +100,10 @@ impl Reaper {
         Reaper::default()
     }
 
-    /// A reaper that waits through `tree` (a fake one in the driver's tests).
-    pub fn with_tree(tree: Rc<dyn Tree>) -> Reaper {
+    /// A reaper that waits through `waiter` (a fake tree in the driver's tests).
+    pub fn with_waiter(waiter: Rc<dyn Waiter>) -> Reaper {
         Reaper {
-            tree,
+            waiter,
             main: None,
             waiters: HashMap::new(),
             orphans: 0,
@@ -111,7 +148,7 @@ impl Reaper {
     /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
     pub fn reap_main(&mut self) -> Option<ChildExit> {
         let pid = self.main?;
-        let exit = self.tree.wait_pid(pid)?;
+        let exit = self.waiter.wait_pid(pid)?;
         self.main = None;
         Some(exit)
     }
@@ -125,7 +162,7 @@ impl Reaper {
                 round.more = true;
                 break;
             }
-            match self.tree.wait_any() {
+            match self.waiter.wait_any() {
                 Waited::Exited(pid, exit) => {
                     if Some(pid) == self.main {
                         self.main = None;
@@ -194,7 +231,7 @@ pub(crate) fn reap_failed_spawn(pid: i32) {
 
 /// `waitpid(pid, &status, WNOHANG)` for one pid: its status if it has exited.
 #[allow(unsafe_code)]
-pub(crate) fn wait_pid(pid: i32) -> Option<ChildExit> {
+fn wait_pid(pid: i32) -> Option<ChildExit> {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
@@ -224,7 +261,7 @@ fn decode(status: libc::c_int) -> Option<ChildExit> {
 /// nix's `waitpid` is not used: it turns a death by a real-time signal into
 /// `EINVAL` *after* the child was reaped, which would lose the main child's status.
 #[allow(unsafe_code)]
-pub(crate) fn wait_any() -> Waited {
+fn wait_any() -> Waited {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.

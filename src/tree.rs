@@ -19,21 +19,12 @@ use std::io;
 
 use crate::drain::ChildExit;
 use crate::procs::{self, Proc};
+use crate::reaper::{Kernel, Waited, Waiter};
 use crate::signals::Signal;
 
-/// What one `waitpid(-1, WNOHANG)` found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waited {
-    /// This pid ended with this status (and is reaped: forget it).
-    Exited(i32, ChildExit),
-    /// Children remain, none has ended.
-    NoneExited,
-    /// `ECHILD`: drainit has no child at all.
-    NoChildren,
-}
-
-/// The process tree below drainit, as the driver and the reaper see it.
-pub trait Tree {
+/// The process tree below drainit, as the driver sees it: read, signalled, and
+/// waited for (the [`Waiter`] part, which the reaper uses).
+pub trait Tree: Waiter {
     /// Whether `/proc` shows this PID namespace (else no `/proc` pid is trusted).
     fn is_own_namespace(&self) -> bool;
     /// One process, `None` when it is gone (or `/proc` is unreadable).
@@ -62,12 +53,6 @@ pub trait Tree {
     /// # Errors
     /// The errno: `ESRCH` (gone), `EPERM` (not permitted).
     fn kill(&self, target: i32, sig: Signal) -> io::Result<()>;
-    /// Whether drainit has any child at all, alive or unreaped (reaps nothing).
-    fn has_children(&self) -> bool;
-    /// `waitpid(pid, WNOHANG)`: its status if it has ended (and is reaped).
-    fn wait_pid(&self, pid: i32) -> Option<ChildExit>;
-    /// `waitpid(-1, WNOHANG)`.
-    fn wait_any(&self) -> Waited;
 }
 
 /// The kernel's tree.
@@ -96,14 +81,17 @@ impl Tree for Real {
     fn kill(&self, target: i32, sig: Signal) -> io::Result<()> {
         kill(target, sig)
     }
+}
+
+impl Waiter for Real {
     fn has_children(&self) -> bool {
-        crate::reaper::has_children()
+        Kernel.has_children()
     }
     fn wait_pid(&self, pid: i32) -> Option<ChildExit> {
-        crate::reaper::wait_pid(pid)
+        Kernel.wait_pid(pid)
     }
     fn wait_any(&self) -> Waited {
-        crate::reaper::wait_any()
+        Kernel.wait_any()
     }
 }
 
