@@ -293,35 +293,7 @@ impl Driver {
                 }
             };
             match woke {
-                Woke::Signals(received) => {
-                    let chld = received.iter().any(|r| r.signal == Signal::CHLD);
-                    let received: Vec<_> = received
-                        .into_iter()
-                        .filter(|r| r.signal != Signal::CHLD)
-                        .collect();
-                    // The main child's exit read with this batch goes where the
-                    // machine says (before the signals, or after the drain signal
-                    // that killed it).
-                    let exit = if chld {
-                        self.reaper.borrow_mut().reap_main()
-                    } else {
-                        None
-                    };
-                    let batch: Vec<Signal> = received.iter().map(|r| r.signal).collect();
-                    let mut received = received.into_iter();
-                    for event in self.drain.order_batch(&batch, exit) {
-                        match event {
-                            Event::ChildExited(exit) => self.main_exited(exit),
-                            _ => {
-                                let r = received.next().expect("one event per signal");
-                                self.on_signal(r);
-                            }
-                        }
-                    }
-                    if chld {
-                        self.on_sigchld();
-                    }
-                }
+                Woke::Signals(received) => self.on_signals(received),
                 Woke::Ready => {
                     self.ready_rx = None;
                     log::info!("ready: every readiness check passed");
@@ -584,81 +556,89 @@ impl Driver {
         self.sampled = Some(alive);
     }
 
-    fn act(&mut self, action: Action) {
-        match action {
-            Action::Forward(sig) => {
-                if self.child_alive {
-                    log::debug!("forwarding {sig} to {}", self.forward_target());
-                    self.send(self.forward_target(), sig);
-                    metrics::signal_forwarded(&sig.to_string());
-                } else if self.cfg.forward_to == ForwardTo::Group
-                    && self
-                        .descendants()
-                        .is_some_and(|v| v.iter().any(|p| p.pgid == self.child_pid))
-                {
-                    // The leader is gone but its group lives on (a group id is
-                    // not reused while a member exists, and a member was just seen).
-                    log::debug!("forwarding {sig} to process group {}", self.child_pid);
-                    self.send(-self.child_pid, sig);
-                    metrics::signal_forwarded(&sig.to_string());
-                } else {
-                    log::debug!("{sig} not forwarded: the main child is gone");
+    /// A signal that is not a drain signal: to the main child (or its group), at
+    /// once; to the group still when its leader is gone but a member lives.
+    fn forward(&mut self, sig: Signal) {
+        if self.child_alive {
+            log::debug!("forwarding {sig} to {}", self.forward_target());
+            self.send(self.forward_target(), sig);
+            metrics::signal_forwarded(&sig.to_string());
+        } else if self.cfg.forward_to == ForwardTo::Group
+            && self
+                .descendants()
+                .is_some_and(|v| v.iter().any(|p| p.pgid == self.child_pid))
+        {
+            // The leader is gone but its group lives on (a group id is
+            // not reused while a member exists, and a member was just seen).
+            log::debug!("forwarding {sig} to process group {}", self.child_pid);
+            self.send(-self.child_pid, sig);
+            metrics::signal_forwarded(&sig.to_string());
+        } else {
+            log::debug!("{sig} not forwarded: the main child is gone");
+        }
+    }
+
+    /// Beat 3: the drain signal to the main child (or its group), then the
+    /// accounting: who got it, and SIGCONT for a stopped one.
+    fn forward_drain(&mut self, sig: Signal) {
+        let target = self.forward_target();
+        // The signal goes first, the accounting after: the main child's
+        // identity and whether it is stopped are read after the signal
+        // (unreaped, it is still that process, and a drain signal does
+        // not continue a stopped one).
+        self.send(target, sig);
+        self.drain.note_forwarded(self.now());
+        // The child was just woken, often onto this CPU (the scheduler
+        // places a wakee near its waker): let it run before the
+        // accounting below, which reads /proc (sched_yield(2)).
+        std::thread::yield_now();
+        self.forwarded_now = Some(sig);
+        let child = if self.child_alive && self.proc_ok {
+            self.tree.stat_of(self.child_pid)
+        } else {
+            None
+        };
+        self.child_read = Some(child.clone());
+        metrics::signal_forwarded(&sig.to_string());
+        self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
+        let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
+        if let Some(c) = &child {
+            self.signalled.insert(c.id());
+        }
+        if target < 0 {
+            // The group's members got it too (those forked after the
+            // signal were started by a member already draining).
+            let left = self.descendants().unwrap_or_default();
+            for p in &left {
+                if p.pgid == self.child_pid {
+                    self.signalled.insert(p.id());
+                    stopped |= p.stopped;
                 }
             }
+            self.sampled = Some(left);
+        }
+        log::info!(
+            "forwarded {sig} to {} {}",
+            if target < 0 { "process group" } else { "child" },
+            target.abs()
+        );
+        if stopped {
+            // A stopped process cannot act on the drain signal: wake it, as
+            // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
+            self.send(target, Signal::CONT);
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Forward(sig) => self.forward(sig),
             Action::SampleInFlight(start) => {
                 // Counted at the end of this step (`finish_sample`), after the
                 // forward it may send: neither a walk of a large tree nor a read
                 // of the main child's `/proc` entry (tens of µs) delays the signal.
                 self.sample_due = Some(start);
             }
-            Action::ForwardDrain(sig) => {
-                let target = self.forward_target();
-                // The signal goes first, the accounting after: the main child's
-                // identity and whether it is stopped are read after the signal
-                // (unreaped, it is still that process, and a drain signal does
-                // not continue a stopped one).
-                self.send(target, sig);
-                self.drain.note_forwarded(self.now());
-                // The child was just woken, often onto this CPU (the scheduler
-                // places a wakee near its waker): let it run before the
-                // accounting below, which reads /proc (sched_yield(2)).
-                std::thread::yield_now();
-                self.forwarded_now = Some(sig);
-                let child = if self.child_alive && self.proc_ok {
-                    self.tree.stat_of(self.child_pid)
-                } else {
-                    None
-                };
-                self.child_read = Some(child.clone());
-                metrics::signal_forwarded(&sig.to_string());
-                self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
-                let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
-                if let Some(c) = &child {
-                    self.signalled.insert(c.id());
-                }
-                if target < 0 {
-                    // The group's members got it too (those forked after the
-                    // signal were started by a member already draining).
-                    let left = self.descendants().unwrap_or_default();
-                    for p in &left {
-                        if p.pgid == self.child_pid {
-                            self.signalled.insert(p.id());
-                            stopped |= p.stopped;
-                        }
-                    }
-                    self.sampled = Some(left);
-                }
-                log::info!(
-                    "forwarded {sig} to {} {}",
-                    if target < 0 { "process group" } else { "child" },
-                    target.abs()
-                );
-                if stopped {
-                    // A stopped process cannot act on the drain signal: wake it, as
-                    // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
-                    self.send(target, Signal::CONT);
-                }
-            }
+            Action::ForwardDrain(sig) => self.forward_drain(sig),
             Action::SignalRemaining(sig) => {
                 self.signal_remaining(sig);
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
@@ -769,30 +749,9 @@ impl Driver {
                     unkillable += u;
                 }
                 None => {
-                    // Unreadable /proc: what can still be reached is the main child
-                    // and its group (and, as PID 1, everything, above).
-                    // (Both were sent SIGKILL above; sent again, to learn the
-                    // outcome for the main child.)
-                    if self.child_alive {
-                        let comm = self.tree.comm(self.child_pid).unwrap_or_default();
-                        match self.tree.kill(self.child_pid, Signal::KILL) {
-                            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                                if self.ledger.unkillable(self.child_pid, comm) {
-                                    unkillable += 1;
-                                    log::warn!(
-                                        "cannot kill the main child {}: not permitted; it is left running (unkillable)",
-                                        self.child_pid
-                                    );
-                                }
-                            }
-                            _ => {
-                                if self.ledger.abandon(self.child_pid, comm) {
-                                    killed += 1;
-                                }
-                            }
-                        }
-                        self.send(-self.child_pid, Signal::KILL);
-                    }
+                    let (k, u) = self.kill_main_child();
+                    killed += k;
+                    unkillable += u;
                     break;
                 }
             }
@@ -811,6 +770,36 @@ impl Driver {
             self.queue.push_back(Event::Unkillable(unkillable));
         }
         self.queue.push_back(Event::Killed(killed));
+    }
+
+    /// With `/proc` unreadable, what can still be reached is the main child and its
+    /// group (and, as PID 1, everything: `kill_all` sent `kill(-1)`). Both were
+    /// sent SIGKILL already; sent again, to learn the outcome for the main child.
+    /// `(newly abandoned, newly unkillable)`.
+    fn kill_main_child(&mut self) -> (usize, usize) {
+        if !self.child_alive {
+            return (0, 0);
+        }
+        let mut counts = (0, 0);
+        let comm = self.tree.comm(self.child_pid).unwrap_or_default();
+        match self.tree.kill(self.child_pid, Signal::KILL) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                if self.ledger.unkillable(self.child_pid, comm) {
+                    counts.1 = 1;
+                    log::warn!(
+                        "cannot kill the main child {}: not permitted; it is left running (unkillable)",
+                        self.child_pid
+                    );
+                }
+            }
+            _ => {
+                if self.ledger.abandon(self.child_pid, comm) {
+                    counts.0 = 1;
+                }
+            }
+        }
+        self.send(-self.child_pid, Signal::KILL);
+        counts
     }
 
     /// One walk of the tree that SIGKILLs every live descendant as it is found and
@@ -976,6 +965,39 @@ impl Driver {
             self.queue.push_back(Event::DescendantsGone);
         } else if self.drain.settling() {
             self.chase();
+        }
+    }
+
+    /// A batch of signals read at once: the main child's exit read with it (if
+    /// SIGCHLD is in the batch) goes where the machine orders it, each other
+    /// signal is fed at once, then the reap round.
+    fn on_signals(&mut self, received: Vec<signals::Received>) {
+        let chld = received.iter().any(|r| r.signal == Signal::CHLD);
+        let received: Vec<_> = received
+            .into_iter()
+            .filter(|r| r.signal != Signal::CHLD)
+            .collect();
+        // The main child's exit read with this batch goes where the
+        // machine says (before the signals, or after the drain signal
+        // that killed it).
+        let exit = if chld {
+            self.reaper.borrow_mut().reap_main()
+        } else {
+            None
+        };
+        let batch: Vec<Signal> = received.iter().map(|r| r.signal).collect();
+        let mut received = received.into_iter();
+        for event in self.drain.order_batch(&batch, exit) {
+            match event {
+                Event::ChildExited(exit) => self.main_exited(exit),
+                _ => {
+                    let r = received.next().expect("one event per signal");
+                    self.on_signal(r);
+                }
+            }
+        }
+        if chld {
+            self.on_sigchld();
         }
     }
 
