@@ -1004,8 +1004,8 @@ impl Driver {
     /// One signal of a batch (never SIGCHLD), fed to the machine at once: beat 1
     /// is taken before anything else, in this step.
     fn on_signal(&mut self, r: signals::Received) {
-        metrics::signal_received(&r.signal.to_string());
         if r.signal.is_reserved() {
+            metrics::signal_received(&r.signal.to_string());
             log::warn!(
                 "ignored signal {} from pid {}: the C library keeps it for itself",
                 r.signal,
@@ -1020,6 +1020,8 @@ impl Driver {
         }
         self.queue.push_back(Event::Signal(r.signal));
         self.process();
+        // Counted after the step that forwarded it: signal first, account after.
+        metrics::signal_received(&r.signal.to_string());
     }
 
     fn main_exited(&mut self, exit: ChildExit) {
