@@ -23,10 +23,7 @@ use tokio::sync::watch;
 use crate::drain::ChildExit;
 use crate::reaper::Reaper;
 use crate::spawn::{HelperOutput, spawn_helper};
-
-/// Kept here for `supervisor.rs` (`checks::fmt_ms`) until its callers import
-/// [`crate::util::fmt_ms`] directly.
-pub use crate::util::fmt_ms;
+use crate::util::fmt_ms;
 
 /// One readiness check, as configured.
 #[derive(Clone, Debug, PartialEq)]
@@ -487,7 +484,7 @@ async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), Strin
     impl Drop for KillOnDrop {
         fn drop(&mut self) {
             if self.1.borrow().is_waiting(self.0) {
-                let _ = crate::signals::send(-self.0, crate::signals::Signal::KILL);
+                let _ = crate::tree::kill(-self.0, crate::signals::Signal::KILL);
             }
         }
     }

@@ -1,25 +1,28 @@
 //! The drain: a pure state machine for the phases and beats of DESIGN §1–§3.
 //!
-//! Owns: the phase (starting → ready → draining → stopping), the drain timeline
-//! (T0, the forward at T0 + pre-drain delay, the deadline at T0 + delay + drain
-//! timeout), the second-signal rule, the teardown sequence and the exit code.
+//! Owns: the drain's state (one [`State`] value; the published [`Phase`] is
+//! derived from it), the drain timeline (T0, the forward at T0 + pre-drain delay,
+//! the deadline at T0 + delay + drain timeout), the second-signal rule, the order
+//! of a signal batch and the main child's exit read with it, the kill's settle
+//! time, the teardown sequence and the exit code.
 //!
 //! Must not: do I/O, read a clock, or know about tokio or nix. The driver
-//! (`supervisor.rs`) feeds it [`Event`]s stamped with a virtual instant ([`At`]),
-//! carries out the [`Action`]s it returns, and calls [`Drain::handle`] with
-//! [`Event::Tick`] once [`Drain::next_deadline`] has passed. Every race of the drain
-//! is therefore a deterministic unit test (see the tests at the bottom).
+//! (`driver.rs`) feeds it [`Event`]s stamped with a virtual instant ([`At`]),
+//! carries out the [`Action`]s it returns (each carries all the data it needs),
+//! and calls [`Drain::handle`] with [`Event::Tick`] once [`Drain::next_deadline`]
+//! has passed. Every race of the drain is therefore a deterministic unit test: the
+//! tests at the bottom are a table of `(state, event) → (state, actions)`, one row
+//! per rule of DESIGN §2/§3, and properties over random event sequences.
 //!
 //! Invariant: once a drain signal has been seen, the deadline never moves, and each
 //! wait is cut short at most once (the second signal); the exit code is decided here
-//! and nowhere else.
-
+//! and nowhere else, and [`Action::Exit`] is returned exactly once.
 use std::time::Duration;
 
+use crate::exit;
 use crate::signals::{RewriteMap, Signal};
 
-/// A virtual instant: time since an epoch the driver picks (the supervisor uses its
-/// start). Only differences matter.
+/// A virtual instant: time since an epoch the driver picks (its start). Only differences matter.
 pub type At = Duration;
 
 /// Drain signals that arrive within this window of the first count as the first
@@ -67,7 +70,7 @@ impl ChildExit {
     pub fn code(self) -> i32 {
         match self {
             ChildExit::Code(n) => n,
-            ChildExit::Signal(s) => 128 + s.0,
+            ChildExit::Signal(s) => exit::signal_death(s.0),
         }
     }
 }
@@ -102,6 +105,12 @@ pub struct Policy {
     pub rewrite: RewriteMap,
 }
 
+/// After SIGKILL, while the killed processes keep dying (fewer alive at each look),
+/// the settle is extended by [`KILL_SETTLE`] at a time, up to this long after the
+/// kill: thousands of processes killed at once take the kernel more than a second
+/// to tear down on a small machine.
+pub const SETTLE_MAX: Duration = Duration::from_secs(10);
+
 /// Something that happened, as the driver saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -113,7 +122,9 @@ pub enum Event {
     Routed,
     /// The main child was reaped.
     ChildExited(ChildExit),
-    /// The main child is gone and no descendant is left.
+    /// The main child is gone and no descendant is left (proven by the driver).
+    /// Meaningful only once [`Event::ChildExited`] came: the main child is a
+    /// descendant.
     DescendantsGone,
     /// The result of [`Action::KillAll`]: how many processes were SIGKILLed (also
     /// sent again while the kill settles, for what a kill round missed).
@@ -122,10 +133,27 @@ pub enum Event {
     /// abandoned, and the drain is not clean. Sent before the [`Event::Killed`] of
     /// the same round.
     Unkillable(usize),
+    /// The answer to [`Action::CountAlive`]: the live descendants now, `None` when
+    /// they cannot be counted (`/proc` unreadable).
+    Alive(Option<usize>),
     /// The running teardown step ended; `ok` when it exited 0.
     TeardownExited { ok: bool },
     /// [`Drain::next_deadline`] has passed.
     Tick,
+}
+
+/// What beat 1 (or, with no drain signal, the main child's exit) started: the data
+/// the driver logs with the in-flight count and writes in the partial report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Start {
+    /// The drain signal as received; `None` when the main child exited by itself.
+    pub signal: Option<Signal>,
+    /// The pre-drain delay that applies (zero when skipped).
+    pub pre_drain_delay: Duration,
+    /// Why the delay is what it is; `None` with no drain signal.
+    pub delay_why: Option<DelayWhy>,
+    /// From T0 to the SIGKILL deadline.
+    pub to_deadline: Duration,
 }
 
 /// What the driver must do, in order.
@@ -134,15 +162,24 @@ pub enum Action {
     /// Send this (already rewritten) signal to the main child, or its group with
     /// `--forward-to group`.
     Forward(Signal),
-    /// Beat 1: count the live descendants now, before anything else.
-    SampleInFlight,
+    /// Beat 1: count the live descendants now, before anything else, and log the
+    /// start of the drain (or of the stop window) with them.
+    SampleInFlight(Start),
     /// Beat 3: send the (rewritten) drain signal to the main child or its group,
     /// and remember who got it.
     ForwardDrain(Signal),
     /// Send the signal to every descendant drainit has not signalled yet (once each).
     SignalRemaining(Signal),
+    /// Write the report so far to the report file (`"final":false`), once this
+    /// step's signals are sent.
+    PartialReport,
     /// SIGKILL every descendant and report back with [`Event::Killed`].
     KillAll,
+    /// The kill's settle ran out: count the live descendants and report back with
+    /// [`Event::Alive`] (the settle is extended while they keep dying).
+    CountAlive,
+    /// The settle was extended: this many killed processes are still dying.
+    StillDying(usize),
     /// Start teardown step `i` (its timeout is already in the next deadline).
     StartTeardown(usize),
     /// Teardown step `i` ran out of time: SIGKILL it (its process group).
@@ -228,44 +265,75 @@ pub struct Timeline {
     pub deadline: Option<At>,
 }
 
+/// The drain's state: what the machine waits for. The published [`Phase`] is
+/// derived from it ([`Drain::phase`]); the facts gathered on the way (drain
+/// signal, child exit, counts, timeline, teardown ends) are the run's [`Record`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wait {
-    /// Not waiting on anything timed (starting, ready).
-    None,
-    /// Beat 2: the forward is due at `Timeline::t0 + pre_drain_delay`.
+pub enum State {
+    /// The child was spawned; readiness has never passed. `routed`: a client has
+    /// asked `/readyz`.
+    Starting { routed: bool },
+    /// Readiness passed once; serving.
+    Ready { routed: bool },
+    /// Beat 2: the forward is due at T0 + pre-drain delay.
     PreDrain,
-    /// Beat 3 (or the stop window): waiting for the descendants until the deadline.
-    Descendants,
-    /// SIGKILL was sent; waiting for the reaps until this instant.
-    KillSettle(At),
-    /// Teardown step `i` runs until this instant.
-    Teardown(usize, At),
-    /// Teardown step `i` was killed; waiting for its reap.
-    TeardownKilled(usize, At),
-    /// Teardown is over; the final sweep (SIGKILL to whatever a step left
-    /// behind) was asked for and its [`Event::Killed`] is awaited.
+    /// Beat 3 (or the stop window): waiting for the descendants until the
+    /// deadline. `second_used`: a second drain signal already cut a wait.
+    Waiting { second_used: bool },
+    /// SIGKILL was sent at `killed_at`; waiting for the reaps until `until`.
+    /// `alive`: the live descendants at the last look (at first, those the kill
+    /// killed); `counting`: [`Action::CountAlive`] is awaited.
+    Killing {
+        until: At,
+        killed_at: At,
+        alive: Option<usize>,
+        counting: bool,
+        second_used: bool,
+    },
+    /// Teardown step `step` runs until `until`.
+    Teardown {
+        step: usize,
+        until: At,
+        second_used: bool,
+    },
+    /// Teardown step `step` was killed; waiting for its reap until `until`.
+    TeardownKilled {
+        step: usize,
+        until: At,
+        second_used: bool,
+    },
+    /// Teardown is over; the final sweep (SIGKILL to whatever a step left behind)
+    /// was asked for and its [`Event::Killed`] is awaited.
     Sweep,
-    /// Done.
-    Exited,
+    /// Done: [`Action::Exit`] was returned with this outcome.
+    Exited(Outcome),
+}
+
+/// The run's record: the facts the machine gathered, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    /// The first drain signal received (as received, before rewriting).
+    pub drain_signal: Option<Signal>,
+    /// Why the pre-drain delay is what it is; `None` before T0 (and with no
+    /// drain signal).
+    pub delay_why: Option<DelayWhy>,
+    /// How the main child ended, once reaped.
+    pub child_exit: Option<ChildExit>,
+    /// Processes SIGKILLed (abandoned), as reported by [`Event::Killed`].
+    pub abandoned: usize,
+    /// Processes drainit could not signal, as reported by [`Event::Unkillable`].
+    pub unkillable: usize,
+    pub timeline: Timeline,
+    /// How each teardown step ended, in order (steps not reached are absent).
+    pub teardown: Vec<StepEnd>,
 }
 
 /// The drain state machine. See the module docs.
 #[derive(Debug)]
 pub struct Drain {
     policy: Policy,
-    phase: Phase,
-    wait: Wait,
-    ever_ready: bool,
-    routed: bool,
-    delay_why: Option<DelayWhy>,
-    drain_signal: Option<Signal>,
-    second_used: bool,
-    child_exit: Option<ChildExit>,
-    gone: bool,
-    abandoned: usize,
-    unkillable: usize,
-    timeline: Timeline,
-    teardown: Vec<StepEnd>,
+    state: State,
+    record: Record,
 }
 
 impl Drain {
@@ -273,91 +341,133 @@ impl Drain {
     pub fn new(policy: Policy) -> Drain {
         Drain {
             policy,
-            phase: Phase::Starting,
-            wait: Wait::None,
-            ever_ready: false,
-            routed: false,
-            delay_why: None,
-            drain_signal: None,
-            second_used: false,
-            child_exit: None,
-            gone: false,
-            abandoned: 0,
-            unkillable: 0,
-            timeline: Timeline::default(),
-            teardown: Vec::new(),
+            state: State::Starting { routed: false },
+            record: Record::default(),
         }
     }
 
+    /// The state (for tests and the driver's scheduling).
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The facts gathered so far.
+    pub fn record(&self) -> &Record {
+        &self.record
+    }
+
+    /// The phase `/readyz` publishes, derived from the state: draining from the
+    /// first drain signal until no descendant is left (or the kill settled),
+    /// stopping after, or at once when the main child exited by itself.
     pub fn phase(&self) -> Phase {
-        self.phase
+        match self.state {
+            State::Starting { .. } => Phase::Starting,
+            State::Ready { .. } => Phase::Ready,
+            State::PreDrain | State::Waiting { .. } | State::Killing { .. }
+                if self.record.drain_signal.is_some() =>
+            {
+                Phase::Draining
+            }
+            _ => Phase::Stopping,
+        }
     }
 
     /// The first drain signal received (as received, before rewriting).
     pub fn drain_signal(&self) -> Option<Signal> {
-        self.drain_signal
+        self.record.drain_signal
     }
 
     pub fn child_exit(&self) -> Option<ChildExit> {
-        self.child_exit
+        self.record.child_exit
     }
 
     pub fn timeline(&self) -> Timeline {
-        self.timeline
+        self.record.timeline
     }
 
     /// Why the pre-drain delay is what it is; `None` before T0 (and with no drain
     /// signal).
     pub fn delay_why(&self) -> Option<DelayWhy> {
-        self.delay_why
+        self.record.delay_why
     }
 
     /// Records when the drain signal was actually sent (the driver sends it after
     /// the machine decided, and the report gives the time of the signal).
     pub fn note_forwarded(&mut self, at: At) {
-        if self.timeline.forwarded_at.is_some() {
-            self.timeline.forwarded_at = Some(at);
+        if self.record.timeline.forwarded_at.is_some() {
+            self.record.timeline.forwarded_at = Some(at);
         }
     }
 
     /// Records when the drain's first SIGKILL was sent (later kills keep it).
     pub fn note_killed(&mut self, at: At) {
-        if self.timeline.t0.is_some() && self.timeline.killed_at.is_none() {
-            self.timeline.killed_at = Some(at);
+        let t = &mut self.record.timeline;
+        if t.t0.is_some() && t.killed_at.is_none() {
+            t.killed_at = Some(at);
         }
     }
 
     /// How each teardown step ended, in order (steps not reached are absent).
     pub fn teardown(&self) -> &[StepEnd] {
-        &self.teardown
+        &self.record.teardown
     }
 
     /// Whether the driver should watch for [`Event::DescendantsGone`].
     pub fn waits_for_descendants(&self) -> bool {
-        self.child_exit.is_some()
+        self.record.child_exit.is_some()
             && matches!(
-                self.wait,
-                Wait::PreDrain | Wait::Descendants | Wait::KillSettle(_)
+                self.state,
+                State::PreDrain | State::Waiting { .. } | State::Killing { .. }
             )
+    }
+
+    /// Whether the drain's SIGKILL settles: what the driver still finds alive is
+    /// killed too, and reaps go before the settle's end.
+    pub fn settling(&self) -> bool {
+        matches!(self.state, State::Killing { .. }) && self.waits_for_descendants()
     }
 
     /// Beat 3 (or the stop window after the main child's own exit): the drain
     /// signal was sent on and the remaining descendants are waited for until the
     /// deadline (the driver reports progress meanwhile).
     pub fn awaits_deadline(&self) -> bool {
-        self.wait == Wait::Descendants
+        matches!(self.state, State::Waiting { .. })
     }
 
     /// The next instant at which the driver must send [`Event::Tick`]; `None` when
     /// nothing is timed (idle costs nothing).
     pub fn next_deadline(&self) -> Option<At> {
-        match self.wait {
-            Wait::PreDrain => Some(self.timeline.t0? + self.timeline.pre_drain_delay),
-            Wait::Descendants => self.timeline.deadline,
-            Wait::KillSettle(at) | Wait::Teardown(_, at) => Some(at),
-            Wait::TeardownKilled(_, at) => Some(at),
-            Wait::None | Wait::Sweep | Wait::Exited => None,
+        let t = &self.record.timeline;
+        match self.state {
+            State::PreDrain => Some(t.t0? + t.pre_drain_delay),
+            State::Waiting { .. } => t.deadline,
+            State::Killing {
+                until,
+                counting: false,
+                ..
+            }
+            | State::Teardown { until, .. }
+            | State::TeardownKilled { until, .. } => Some(until),
+            _ => None,
         }
+    }
+
+    /// The order in which one batch of signals, read at once, and the main
+    /// child's exit reaped with it are fed to the machine. The main child may
+    /// have exited before the other signals of the batch were sent: its exit comes
+    /// first, unless a drain signal of this very batch killed it: the stop signal
+    /// reached both at once (systemd's `KillMode=control-group`,
+    /// `kill -TERM -- -PGID`). That is a drain, not a crash.
+    pub fn order_batch(&self, signals: &[Signal], child: Option<ChildExit>) -> Vec<Event> {
+        let mut events: Vec<Event> = signals.iter().map(|s| Event::Signal(*s)).collect();
+        match child {
+            Some(ChildExit::Signal(s)) if self.is_drain_signal(s) && signals.contains(&s) => {
+                events.push(Event::ChildExited(ChildExit::Signal(s)));
+            }
+            Some(exit) => events.insert(0, Event::ChildExited(exit)),
+            None => {}
+        }
+        events
     }
 
     fn is_drain_signal(&self, s: Signal) -> bool {
@@ -367,7 +477,10 @@ impl Drain {
     /// The signal sent on at beat 3 (and to leftovers): the first drain signal, or
     /// the first configured one when the child exited by itself; rewritten.
     fn outgoing(&self) -> Option<Signal> {
-        let s = self.drain_signal.unwrap_or(self.policy.drain_signals[0]);
+        let s = self
+            .record
+            .drain_signal
+            .unwrap_or(self.policy.drain_signals[0]);
         self.policy.rewrite.apply(s)
     }
 
@@ -375,6 +488,9 @@ impl Drain {
     /// in order.
     pub fn handle(&mut self, now: At, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
+        if matches!(self.state, State::Exited(_)) {
+            return out; // exactly one exit; nothing after it
+        }
         match event {
             Event::Signal(s) if self.is_drain_signal(s) => self.on_drain_signal(now, s, &mut out),
             Event::Signal(s) => {
@@ -385,35 +501,37 @@ impl Drain {
                 }
             }
             Event::ReadinessPassed => {
-                self.ever_ready = true;
-                if self.phase == Phase::Starting {
-                    self.phase = Phase::Ready;
+                if let State::Starting { routed } = self.state {
+                    self.state = State::Ready { routed };
                 }
             }
-            Event::Routed => self.routed = true,
+            Event::Routed => match &mut self.state {
+                State::Starting { routed } | State::Ready { routed } => *routed = true,
+                _ => {}
+            },
             Event::ChildExited(exit) => self.on_child_exit(now, exit, &mut out),
             Event::DescendantsGone => {
-                self.gone = true;
                 if self.waits_for_descendants() {
                     self.finish_drain(now, &mut out);
                 }
             }
-            Event::Unkillable(n) => self.unkillable += n,
+            Event::Unkillable(n) => self.record.unkillable += n,
             Event::Killed(n) => {
-                self.abandoned += n;
-                if self.wait == Wait::Sweep {
-                    self.exit(&mut out);
-                } else if self.gone && matches!(self.wait, Wait::KillSettle(_)) {
-                    self.finish_drain(now, &mut out);
+                self.record.abandoned += n;
+                match &mut self.state {
+                    State::Sweep => self.exit(&mut out),
+                    State::Killing { alive, .. } if alive.is_none() => *alive = Some(n),
+                    _ => {}
                 }
             }
-            Event::TeardownExited { ok } => match self.wait {
-                Wait::Teardown(i, _) => {
-                    self.teardown
-                        .push(if ok { StepEnd::Ok } else { StepEnd::Failed });
-                    self.next_teardown(now, i + 1, &mut out);
+            Event::Alive(n) => self.on_alive(now, n, &mut out),
+            Event::TeardownExited { ok } => match self.state {
+                State::Teardown { step, .. } => {
+                    let end = if ok { StepEnd::Ok } else { StepEnd::Failed };
+                    self.record.teardown.push(end);
+                    self.next_teardown(now, step + 1, &mut out);
                 }
-                Wait::TeardownKilled(i, _) => self.teardown_killed(now, i, &mut out),
+                State::TeardownKilled { step, .. } => self.teardown_killed(now, step, &mut out),
                 _ => {}
             },
             Event::Tick => self.on_tick(now, &mut out),
@@ -421,181 +539,253 @@ impl Drain {
         out
     }
 
-    /// The killed teardown step `i` was reaped, or its settle time ran out.
-    fn teardown_killed(&mut self, now: At, i: usize, out: &mut Vec<Action>) {
-        let cut = self.teardown.len() > i;
-        if !cut {
-            self.teardown.push(StepEnd::TimedOut);
-            self.next_teardown(now, i + 1, out);
-        } else {
-            // A second signal cut it: the rest is skipped.
-            let n = self.policy.teardown_timeouts.len();
-            self.teardown.resize(n, StepEnd::Skipped);
-            self.end_teardown(out);
-        }
-    }
-
+    /// Beat 1, or a second signal.
     fn on_drain_signal(&mut self, now: At, s: Signal, out: &mut Vec<Action>) {
-        match self.phase {
-            Phase::Starting | Phase::Ready if self.child_exit.is_none() => {
-                // Beat 1: phase and sample in one step, before anything else.
-                self.drain_signal = Some(s);
-                self.phase = Phase::Draining;
-                self.timeline.t0 = Some(now);
-                let why = if !self.ever_ready {
-                    DelayWhy::NeverReady
-                } else if !self.policy.delay_needs_routing {
-                    DelayWhy::Applies
-                } else if self.routed {
-                    DelayWhy::Routed
-                } else {
-                    DelayWhy::NotRouted
-                };
-                self.delay_why = Some(why);
-                self.timeline.pre_drain_delay = match why {
-                    DelayWhy::Applies | DelayWhy::Routed => self.policy.pre_drain_delay,
-                    DelayWhy::NeverReady | DelayWhy::NotRouted => Duration::ZERO,
-                };
-                self.timeline.deadline =
-                    Some(now + self.timeline.pre_drain_delay + self.policy.drain_timeout);
-                out.push(Action::SampleInFlight);
-                if self.timeline.pre_drain_delay.is_zero() {
-                    self.forward_drain(now, out);
-                } else {
-                    self.wait = Wait::PreDrain;
-                }
-            }
-            _ => self.on_second_signal(now, out),
+        let (ever_ready, routed) = match self.state {
+            State::Starting { routed } => (false, routed),
+            State::Ready { routed } => (true, routed),
+            _ => return self.on_second_signal(now, out),
+        };
+        // Beat 1: phase and sample in one step, before anything else.
+        let why = if !ever_ready {
+            DelayWhy::NeverReady
+        } else if !self.policy.delay_needs_routing {
+            DelayWhy::Applies
+        } else if routed {
+            DelayWhy::Routed
+        } else {
+            DelayWhy::NotRouted
+        };
+        let delay = match why {
+            DelayWhy::Applies | DelayWhy::Routed => self.policy.pre_drain_delay,
+            DelayWhy::NeverReady | DelayWhy::NotRouted => Duration::ZERO,
+        };
+        let r = &mut self.record;
+        r.drain_signal = Some(s);
+        r.delay_why = Some(why);
+        r.timeline.t0 = Some(now);
+        r.timeline.pre_drain_delay = delay;
+        r.timeline.deadline = Some(now + delay + self.policy.drain_timeout);
+        out.push(Action::SampleInFlight(Start {
+            signal: Some(s),
+            pre_drain_delay: delay,
+            delay_why: Some(why),
+            to_deadline: delay + self.policy.drain_timeout,
+        }));
+        if delay.is_zero() {
+            self.forward_drain(now, false, out);
+        } else {
+            self.state = State::PreDrain;
+            // Evidence for a platform that SIGKILLs drainit mid-drain.
+            out.push(Action::PartialReport);
         }
     }
 
+    /// A drain signal after the first (or while stopping): cuts the pending wait
+    /// short, once.
     fn on_second_signal(&mut self, now: At, out: &mut Vec<Action>) {
-        if let (Some(t0), Some(_)) = (self.timeline.t0, self.drain_signal)
+        if let (Some(t0), Some(_)) = (self.record.timeline.t0, self.record.drain_signal)
             && now.saturating_sub(t0) < COALESCE
         {
             return; // counts as the first
         }
-        if self.policy.second_signal == SecondSignal::Ignore || self.second_used {
+        if self.policy.second_signal == SecondSignal::Ignore {
             return;
         }
-        match self.wait {
-            Wait::PreDrain => {
-                self.second_used = true;
-                self.forward_drain(now, out);
+        match self.state {
+            State::PreDrain => self.forward_drain(now, true, out),
+            State::Waiting { second_used: false } => self.kill_all(now, true, out),
+            State::Teardown {
+                step,
+                second_used: false,
+                ..
+            } => {
+                self.record.teardown.push(StepEnd::Cut);
+                self.state = State::TeardownKilled {
+                    step,
+                    until: now + KILL_SETTLE,
+                    second_used: true,
+                };
+                out.push(Action::KillTeardown(step));
             }
-            Wait::Descendants => {
-                self.second_used = true;
-                self.kill_all(now, out);
-            }
-            Wait::Teardown(i, _) => {
-                self.second_used = true;
-                self.teardown.push(StepEnd::Cut);
-                self.wait = Wait::TeardownKilled(i, now + KILL_SETTLE);
-                out.push(Action::KillTeardown(i));
-            }
-            // Already killing, or nothing left to cut.
+            // Already used, already killing, or nothing left to cut.
             _ => {}
         }
     }
 
     fn on_child_exit(&mut self, now: At, exit: ChildExit, out: &mut Vec<Action>) {
-        self.child_exit = Some(exit);
-        match self.phase {
-            Phase::Starting | Phase::Ready => {
+        if self.record.child_exit.is_some() {
+            return; // reaped once
+        }
+        self.record.child_exit = Some(exit);
+        match self.state {
+            State::Starting { .. } | State::Ready { .. } => {
                 // No drain signal: straight to stopping; leftovers get the drain
                 // signal and the drain timeout, counted from this exit.
-                self.phase = Phase::Stopping;
-                self.timeline.t0 = Some(now);
-                self.timeline.forwarded_at = Some(now);
-                self.timeline.deadline = Some(now + self.policy.drain_timeout);
-                out.push(Action::SampleInFlight);
+                let t = &mut self.record.timeline;
+                t.t0 = Some(now);
+                t.forwarded_at = Some(now);
+                t.deadline = Some(now + self.policy.drain_timeout);
+                out.push(Action::SampleInFlight(Start {
+                    signal: None,
+                    pre_drain_delay: Duration::ZERO,
+                    delay_why: None,
+                    to_deadline: self.policy.drain_timeout,
+                }));
                 if let Some(s) = self.outgoing() {
                     out.push(Action::SignalRemaining(s));
                 }
-                self.wait = Wait::Descendants;
+                self.state = State::Waiting { second_used: false };
             }
-            Phase::Draining => {
-                // Beat 2: the forward still happens at T0 + delay, to what is left.
-                // Beat 3: whatever is left gets the drain signal now.
-                if self.wait == Wait::Descendants
-                    && let Some(s) = self.outgoing()
-                {
+            // Beat 3: whatever is left gets the drain signal now. (Beat 2: the
+            // forward still happens at T0 + delay, to what is left.)
+            State::Waiting { .. } => {
+                if let Some(s) = self.outgoing() {
                     out.push(Action::SignalRemaining(s));
                 }
             }
-            Phase::Stopping => {}
-        }
-        if self.gone {
-            self.finish_drain(now, out);
-        }
-    }
-
-    fn on_tick(&mut self, now: At, out: &mut Vec<Action>) {
-        let Some(due) = self.next_deadline() else {
-            return;
-        };
-        if now < due {
-            return;
-        }
-        match self.wait {
-            Wait::PreDrain => self.forward_drain(now, out),
-            Wait::Descendants => self.kill_all(now, out),
-            Wait::KillSettle(_) => {
-                // The settle ran out. A main child that cannot be reaped (stuck in
-                // uninterruptible sleep, frozen) must not hold drainit: go on
-                // without its status.
-                self.finish_drain_anyway(now, out);
-            }
-            Wait::Teardown(i, _) => {
-                self.wait = Wait::TeardownKilled(i, now + KILL_SETTLE);
-                out.push(Action::KillTeardown(i));
-            }
-            // A killed step that cannot be reaped (uninterruptible sleep): go on.
-            Wait::TeardownKilled(i, _) => self.teardown_killed(now, i, out),
             _ => {}
         }
     }
 
-    fn forward_drain(&mut self, now: At, out: &mut Vec<Action>) {
-        self.timeline.forwarded_at = Some(now);
-        self.wait = Wait::Descendants;
+    fn on_tick(&mut self, now: At, out: &mut Vec<Action>) {
+        match self.next_deadline() {
+            Some(due) if now >= due => {}
+            _ => return,
+        }
+        match self.state {
+            State::PreDrain => self.forward_drain(now, false, out),
+            State::Waiting { second_used } => self.kill_all(now, second_used, out),
+            State::Killing {
+                killed_at,
+                alive: Some(_),
+                ..
+            } if self.record.child_exit.is_some() && now < killed_at + SETTLE_MAX => {
+                // Are the killed processes still dying? Asked, not assumed.
+                if let State::Killing { counting, .. } = &mut self.state {
+                    *counting = true;
+                }
+                out.push(Action::CountAlive);
+            }
+            // The settle ran out. A main child that cannot be reaped (stuck in
+            // uninterruptible sleep, frozen) must not hold drainit: go on without
+            // its status.
+            State::Killing { .. } => self.finish(now, out),
+            State::Teardown {
+                step, second_used, ..
+            } => {
+                self.state = State::TeardownKilled {
+                    step,
+                    until: now + KILL_SETTLE,
+                    second_used,
+                };
+                out.push(Action::KillTeardown(step));
+            }
+            // A killed step that cannot be reaped (uninterruptible sleep): go on.
+            State::TeardownKilled { step, .. } => self.teardown_killed(now, step, out),
+            _ => {}
+        }
+    }
+
+    /// The answer to [`Action::CountAlive`]: while fewer are alive than at the last
+    /// look, the settle is extended; a process that cannot die (uninterruptible
+    /// sleep) makes no progress, and the settle ends.
+    fn on_alive(&mut self, now: At, n: Option<usize>, out: &mut Vec<Action>) {
+        let State::Killing {
+            until,
+            alive,
+            counting: true,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        let prev = alive.unwrap_or(0);
+        match n {
+            Some(n) if n > 0 && n < prev => {
+                *alive = Some(n);
+                *until = now + KILL_SETTLE;
+                if let State::Killing { counting, .. } = &mut self.state {
+                    *counting = false;
+                }
+                out.push(Action::StillDying(n));
+            }
+            _ => self.finish(now, out),
+        }
+    }
+
+    /// The killed teardown step `i` was reaped, or its settle time ran out.
+    fn teardown_killed(&mut self, now: At, i: usize, out: &mut Vec<Action>) {
+        let cut = self.record.teardown.len() > i;
+        if !cut {
+            self.record.teardown.push(StepEnd::TimedOut);
+            self.next_teardown(now, i + 1, out);
+        } else {
+            // A second signal cut it: the rest is skipped.
+            let n = self.policy.teardown_timeouts.len();
+            self.record.teardown.resize(n, StepEnd::Skipped);
+            self.end_teardown(out);
+        }
+    }
+
+    fn forward_drain(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        self.record.timeline.forwarded_at = Some(now);
+        self.state = State::Waiting { second_used };
         if let Some(s) = self.outgoing() {
-            if self.child_exit.is_none() {
+            if self.record.child_exit.is_none() {
                 out.push(Action::ForwardDrain(s));
             } else {
                 out.push(Action::SignalRemaining(s));
             }
-        }
-        if self.child_exit.is_some() && self.gone {
-            self.finish_drain(now, out);
+            out.push(Action::PartialReport);
         }
     }
 
-    fn kill_all(&mut self, now: At, out: &mut Vec<Action>) {
-        self.wait = Wait::KillSettle(now + KILL_SETTLE);
-        self.gone = false;
+    fn kill_all(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        self.state = State::Killing {
+            until: now + KILL_SETTLE,
+            killed_at: now,
+            alive: None,
+            counting: false,
+            second_used,
+        };
         out.push(Action::KillAll);
     }
 
-    fn finish_drain_anyway(&mut self, now: At, out: &mut Vec<Action>) {
-        self.timeline.finished_at = Some(now);
-        self.phase = Phase::Stopping;
+    /// The drain (or the stop window) is over: every descendant is gone, or the
+    /// kill settled. Teardown next.
+    fn finish_drain(&mut self, now: At, out: &mut Vec<Action>) {
+        if self.record.child_exit.is_none() {
+            return; // the main child is a descendant; not gone yet
+        }
+        self.finish(now, out);
+    }
+
+    fn finish(&mut self, now: At, out: &mut Vec<Action>) {
+        self.record.timeline.finished_at = Some(now);
         self.next_teardown(now, 0, out);
     }
 
-    fn finish_drain(&mut self, now: At, out: &mut Vec<Action>) {
-        if self.child_exit.is_none() {
-            return; // the main child is a descendant; not gone yet
+    /// Whether a second drain signal already cut a wait (it cuts at most one).
+    fn second_used(&self) -> bool {
+        match self.state {
+            State::Waiting { second_used }
+            | State::Killing { second_used, .. }
+            | State::Teardown { second_used, .. }
+            | State::TeardownKilled { second_used, .. } => second_used,
+            _ => false,
         }
-        self.timeline.finished_at = Some(now);
-        self.phase = Phase::Stopping;
-        self.next_teardown(now, 0, out);
     }
 
     fn next_teardown(&mut self, now: At, i: usize, out: &mut Vec<Action>) {
+        let second_used = self.second_used();
         match self.policy.teardown_timeouts.get(i) {
             Some(t) => {
-                self.wait = Wait::Teardown(i, now + *t);
+                self.state = State::Teardown {
+                    step: i,
+                    until: now + *t,
+                    second_used,
+                };
                 out.push(Action::StartTeardown(i));
             }
             None => self.end_teardown(out),
@@ -610,74 +800,63 @@ impl Drain {
         if self.policy.teardown_timeouts.is_empty() {
             self.exit(out);
         } else {
-            self.wait = Wait::Sweep;
+            self.state = State::Sweep;
             out.push(Action::KillAll);
         }
     }
 
     fn exit(&mut self, out: &mut Vec<Action>) {
-        self.wait = Wait::Exited;
-        out.push(Action::Exit(self.outcome()));
+        let outcome = self.outcome();
+        self.state = State::Exited(outcome);
+        out.push(Action::Exit(outcome));
     }
 
     /// The exit code and reason for what happened so far (DESIGN §3).
     pub fn outcome(&self) -> Outcome {
-        let teardown_failed = self.teardown.iter().any(|s| *s != StepEnd::Ok);
-        let abandoned = self.abandoned > 0;
-        let unkillable = self.unkillable > 0;
-        if self.drain_signal.is_some() {
-            return if abandoned {
-                Outcome {
-                    code: 2,
-                    reason: Reason::Abandoned,
-                }
-            } else if unkillable {
-                Outcome {
-                    code: 2,
-                    reason: Reason::Unkillable,
-                }
-            } else if teardown_failed {
-                Outcome {
-                    code: 2,
-                    reason: Reason::TeardownFailed,
-                }
-            } else {
-                Outcome {
-                    code: 0,
+        let r = &self.record;
+        let unclean = if r.abandoned > 0 {
+            Some(Reason::Abandoned)
+        } else if r.unkillable > 0 {
+            Some(Reason::Unkillable)
+        } else if r.teardown.iter().any(|s| *s != StepEnd::Ok) {
+            Some(Reason::TeardownFailed)
+        } else {
+            None
+        };
+        if r.drain_signal.is_some() {
+            return match unclean {
+                Some(reason) => Outcome {
+                    code: exit::ABANDONED,
+                    reason,
+                },
+                None => Outcome {
+                    code: exit::CLEAN,
                     reason: Reason::Drained,
-                }
+                },
             };
         }
-        let code = self.child_exit.map_or(1, ChildExit::code);
-        if code == 0 && abandoned {
-            Outcome {
-                code: 2,
-                reason: Reason::Abandoned,
-            }
-        } else if code == 0 && unkillable {
-            Outcome {
-                code: 2,
-                reason: Reason::Unkillable,
-            }
-        } else if code == 0 && teardown_failed {
-            Outcome {
-                code: 2,
-                reason: Reason::TeardownFailed,
-            }
-        } else {
-            Outcome {
+        // A crash outranks abandoned work.
+        match (r.child_exit.map_or(1, ChildExit::code), unclean) {
+            (exit::CLEAN, Some(reason)) => Outcome {
+                code: exit::ABANDONED,
+                reason,
+            },
+            (code, _) => Outcome {
                 code,
                 reason: Reason::ChildExited,
-            }
+            },
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    //! The drain's specification, as tables: each row is one rule of DESIGN §2/§3,
+    //! `given` the events that lead to a state, `when` one event, `then` the state
+    //! and the actions. Then properties over random event sequences.
     use super::*;
 
-    fn ms(n: u64) -> At {
+    const fn ms(n: u64) -> At {
         Duration::from_millis(n)
     }
 
@@ -693,556 +872,568 @@ mod tests {
         }
     }
 
-    fn ready(p: Policy) -> Drain {
-        let mut d = Drain::new(p);
-        assert!(d.handle(ms(0), Event::ReadinessPassed).is_empty());
-        assert_eq!(d.phase(), Phase::Ready);
-        d
-    }
-
-    fn exit_of(actions: &[Action]) -> Option<Outcome> {
-        actions.iter().find_map(|a| match a {
-            Action::Exit(o) => Some(*o),
-            _ => None,
-        })
-    }
-
-    const TERM: Event = Event::Signal(Signal::TERM);
-
-    #[test]
-    fn clean_drain_three_beats() {
-        let mut d = ready(policy());
-        // Beat 1: draining and sampled in the same step, nothing forwarded yet.
-        assert_eq!(d.handle(ms(1000), TERM), vec![Action::SampleInFlight]);
-        assert_eq!(d.phase(), Phase::Draining);
-        assert_eq!(d.next_deadline(), Some(ms(6000)));
-        // Beat 2: a tick before the delay does nothing.
-        assert!(d.handle(ms(5999), Event::Tick).is_empty());
-        // Beat 3: forward at T0 + delay; deadline T0 + delay + timeout.
-        assert_eq!(
-            d.handle(ms(6000), Event::Tick),
-            vec![Action::ForwardDrain(Signal::TERM)]
-        );
-        assert_eq!(d.next_deadline(), Some(ms(26000)));
-        assert!(
-            d.handle(
-                ms(6500),
-                Event::ChildExited(ChildExit::Signal(Signal::TERM))
-            )
-            .iter()
-            .all(|a| matches!(a, Action::SignalRemaining(_)))
-        );
-        assert_eq!(
-            d.phase(),
-            Phase::Draining,
-            "draining until every descendant is gone"
-        );
-        let a = d.handle(ms(6600), Event::DescendantsGone);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 0,
-                reason: Reason::Drained
-            })
-        );
-        assert_eq!(d.phase(), Phase::Stopping);
-        let t = d.timeline();
-        assert_eq!(
-            (t.t0, t.forwarded_at, t.finished_at, t.deadline),
-            (
-                Some(ms(1000)),
-                Some(ms(6000)),
-                Some(ms(6600)),
-                Some(ms(26000))
-            )
-        );
-    }
-
-    #[test]
-    fn the_default_delay_outside_kubernetes_applies_only_once_routed() {
-        let p = Policy {
+    fn routing() -> Policy {
+        Policy {
             delay_needs_routing: true,
             ..policy()
-        };
-        let mut d = ready(p.clone());
-        assert_eq!(
-            d.handle(ms(100), TERM),
-            vec![Action::SampleInFlight, Action::ForwardDrain(Signal::TERM)]
-        );
-        assert_eq!(d.timeline().pre_drain_delay, Duration::ZERO);
-        assert_eq!(d.delay_why(), Some(DelayWhy::NotRouted));
-
-        let mut d = ready(p);
-        assert!(d.handle(ms(50), Event::Routed).is_empty());
-        assert_eq!(d.handle(ms(100), TERM), vec![Action::SampleInFlight]);
-        assert_eq!(d.timeline().pre_drain_delay, ms(5000));
-        assert_eq!(d.delay_why(), Some(DelayWhy::Routed));
-        // Never ready: skipped whatever the rule.
-        let mut d = Drain::new(policy());
-        d.handle(ms(0), TERM);
-        assert_eq!(d.delay_why(), Some(DelayWhy::NeverReady));
-    }
-
-    #[test]
-    fn unkillable_work_is_not_clean_and_not_abandoned() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.note_forwarded(ms(5003));
-        d.handle(ms(5100), Event::ChildExited(ChildExit::Code(0)));
-        assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
-        d.note_killed(ms(25002));
-        d.note_killed(ms(25400)); // a later kill keeps the first instant
-        assert!(d.handle(ms(25002), Event::Unkillable(1)).is_empty());
-        d.handle(ms(25002), Event::Killed(0));
-        let a = d.handle(ms(26002), Event::Tick);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::Unkillable
-            })
-        );
-        let t = d.timeline();
-        assert_eq!(
-            (t.forwarded_at, t.killed_at),
-            (Some(ms(5003)), Some(ms(25002)))
-        );
-        // Abandoned work outranks it.
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.handle(ms(5100), Event::ChildExited(ChildExit::Code(0)));
-        d.handle(ms(25000), Event::Tick);
-        d.handle(ms(25000), Event::Unkillable(1));
-        d.handle(ms(25000), Event::Killed(2));
-        let a = d.handle(ms(25100), Event::DescendantsGone);
-        assert_eq!(exit_of(&a).map(|o| o.reason), Some(Reason::Abandoned));
-    }
-
-    #[test]
-    fn signal_before_ready_skips_the_delay() {
-        let mut d = Drain::new(policy());
-        let a = d.handle(ms(10), TERM);
-        assert_eq!(
-            a,
-            vec![Action::SampleInFlight, Action::ForwardDrain(Signal::TERM)]
-        );
-        assert_eq!(d.timeline().pre_drain_delay, Duration::ZERO);
-        assert_eq!(d.next_deadline(), Some(ms(20010)));
-    }
-
-    #[test]
-    fn child_exit_during_pre_drain_delay_keeps_the_forward_time() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        // The main child exits at 1 s, a helper is left.
-        let a = d.handle(ms(1000), Event::ChildExited(ChildExit::Code(0)));
-        assert!(a.is_empty());
-        assert_eq!(d.phase(), Phase::Draining);
-        assert_eq!(d.next_deadline(), Some(ms(5000)));
-        assert_eq!(
-            d.handle(ms(5000), Event::Tick),
-            vec![Action::SignalRemaining(Signal::TERM)]
-        );
-        let a = d.handle(ms(5200), Event::DescendantsGone);
-        assert_eq!(exit_of(&a).unwrap().code, 0);
-    }
-
-    #[test]
-    fn child_exit_during_delay_with_nothing_left_finishes_at_once() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(1000), Event::ChildExited(ChildExit::Code(3)));
-        let a = d.handle(ms(1000), Event::DescendantsGone);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 0,
-                reason: Reason::Drained
-            })
-        );
-    }
-
-    #[test]
-    fn second_signal_in_beat_two_forwards_now() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        assert_eq!(
-            d.handle(ms(2000), TERM),
-            vec![Action::ForwardDrain(Signal::TERM)]
-        );
-        // The deadline does not move.
-        assert_eq!(d.next_deadline(), Some(ms(25000)));
-        // A third signal changes nothing.
-        assert!(d.handle(ms(3000), TERM).is_empty());
-    }
-
-    #[test]
-    fn second_signal_in_beat_three_kills_now() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        assert_eq!(d.handle(ms(5500), TERM), vec![Action::KillAll]);
-        assert!(d.handle(ms(5600), Event::Killed(1)).is_empty());
-        d.handle(
-            ms(5601),
-            Event::ChildExited(ChildExit::Signal(Signal::KILL)),
-        );
-        let a = d.handle(ms(5602), Event::DescendantsGone);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::Abandoned
-            })
-        );
-    }
-
-    #[test]
-    fn signals_within_100ms_count_as_the_first() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        assert!(d.handle(ms(50), Event::Signal(Signal::QUIT)).is_empty());
-        assert_eq!(d.next_deadline(), Some(ms(5000)), "still in beat 2");
-        // Also when the delay was skipped (forward at T0): no instant kill.
-        let mut d = Drain::new(policy());
-        d.handle(ms(0), TERM);
-        assert!(d.handle(ms(99), TERM).is_empty());
-        assert_eq!(d.handle(ms(100), TERM), vec![Action::KillAll]);
-    }
-
-    #[test]
-    fn second_signal_ignore() {
-        let mut p = policy();
-        p.second_signal = SecondSignal::Ignore;
-        let mut d = ready(p);
-        d.handle(ms(0), TERM);
-        assert!(d.handle(ms(1000), TERM).is_empty());
-        d.handle(ms(5000), Event::Tick);
-        assert!(d.handle(ms(6000), TERM).is_empty());
-        assert_eq!(d.next_deadline(), Some(ms(25000)));
-    }
-
-    #[test]
-    fn deadline_kills_what_remains() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.handle(ms(6000), Event::ChildExited(ChildExit::Code(0)));
-        assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
-        assert!(d.handle(ms(25000), Event::Killed(2)).is_empty());
-        let a = d.handle(ms(25010), Event::DescendantsGone);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::Abandoned
-            })
-        );
-    }
-
-    #[test]
-    fn kill_settle_bounds_an_unreapable_process() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.handle(ms(6000), Event::ChildExited(ChildExit::Code(0)));
-        d.handle(ms(25000), Event::Tick);
-        d.handle(ms(25000), Event::Killed(1));
-        assert_eq!(d.next_deadline(), Some(ms(26000)));
-        let a = d.handle(ms(26000), Event::Tick);
-        assert_eq!(exit_of(&a).unwrap().code, 2);
-    }
-
-    #[test]
-    fn an_unreapable_main_child_does_not_hold_drainit_after_the_settle() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        assert_eq!(d.handle(ms(25000), Event::Tick), vec![Action::KillAll]);
-        d.handle(ms(25000), Event::Killed(1));
-        // The child is never reaped: after the settle drainit goes on, once.
-        let a = d.handle(ms(26000), Event::Tick);
-        assert_eq!(exit_of(&a).unwrap().code, 2);
-        assert_eq!(d.next_deadline(), None, "no deadline left to spin on");
-    }
-
-    #[test]
-    fn clean_stop_with_child_code_143_is_zero() {
-        let mut d = ready(policy());
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.handle(ms(5200), Event::ChildExited(ChildExit::Code(143)));
-        let a = d.handle(ms(5200), Event::DescendantsGone);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 0,
-                reason: Reason::Drained
-            })
-        );
-    }
-
-    #[test]
-    fn child_exits_by_itself_gives_its_code() {
-        for (exit, code) in [
-            (ChildExit::Code(0), 0),
-            (ChildExit::Code(7), 7),
-            (ChildExit::Signal(Signal::KILL), 137),
-        ] {
-            let mut d = ready(policy());
-            let a = d.handle(ms(100), Event::ChildExited(exit));
-            assert_eq!(
-                a,
-                vec![
-                    Action::SampleInFlight,
-                    Action::SignalRemaining(Signal::TERM)
-                ]
-            );
-            assert_eq!(d.phase(), Phase::Stopping);
-            assert_eq!(
-                d.next_deadline(),
-                Some(ms(20100)),
-                "drain timeout from the exit, no delay"
-            );
-            let a = d.handle(ms(150), Event::DescendantsGone);
-            assert_eq!(
-                exit_of(&a),
-                Some(Outcome {
-                    code,
-                    reason: Reason::ChildExited
-                })
-            );
         }
     }
 
-    #[test]
-    fn child_exit_zero_with_abandoned_work_is_two_and_a_crash_outranks_it() {
-        for (exit, code, reason) in [(0, 2, Reason::Abandoned), (3, 3, Reason::ChildExited)] {
-            let mut d = ready(policy());
-            d.handle(ms(0), Event::ChildExited(ChildExit::Code(exit)));
-            assert_eq!(d.handle(ms(20000), Event::Tick), vec![Action::KillAll]);
-            d.handle(ms(20000), Event::Killed(1));
-            let a = d.handle(ms(20001), Event::DescendantsGone);
-            assert_eq!(exit_of(&a), Some(Outcome { code, reason }));
+    fn ignore() -> Policy {
+        Policy {
+            second_signal: SecondSignal::Ignore,
+            ..policy()
         }
     }
 
-    #[test]
-    fn drain_signal_while_stopping_acts_as_second_signal() {
-        let mut d = ready(policy());
-        d.handle(ms(0), Event::ChildExited(ChildExit::Code(0)));
-        assert_eq!(d.handle(ms(500), TERM), vec![Action::KillAll]);
-        assert_eq!(
-            d.drain_signal(),
-            None,
-            "no drain: the exit code stays the child's"
-        );
-        d.handle(ms(500), Event::Killed(1));
-        let a = d.handle(ms(501), Event::DescendantsGone);
-        assert_eq!(exit_of(&a).unwrap().code, 2);
-    }
-
-    #[test]
-    fn non_drain_signals_are_forwarded_rewritten_and_never_start_a_drain() {
+    fn rewrite() -> Policy {
         let mut p = policy();
-        p.rewrite.insert(Signal::HUP, Signal(libc::SIGUSR1));
-        p.rewrite.insert(Signal(libc::SIGWINCH), Signal(0));
-        let mut d = ready(p);
-        assert_eq!(
-            d.handle(ms(0), Event::Signal(Signal::HUP)),
-            vec![Action::Forward(Signal(libc::SIGUSR1))]
-        );
-        assert!(
-            d.handle(ms(0), Event::Signal(Signal(libc::SIGWINCH)))
-                .is_empty()
-        );
-        assert_eq!(
-            d.handle(ms(0), Event::Signal(Signal::CONT)),
-            vec![Action::Forward(Signal::CONT)]
-        );
-        assert_eq!(d.phase(), Phase::Ready);
-        d.handle(ms(0), TERM);
-        assert_eq!(
-            d.handle(ms(10), Event::Signal(Signal::CONT)),
-            vec![Action::Forward(Signal::CONT)]
-        );
-        assert_eq!(
-            d.next_deadline(),
-            Some(ms(5000)),
-            "CONT neither skips nor ends beat 2"
-        );
-    }
-
-    #[test]
-    fn drain_signal_is_rewritten_at_beat_three() {
-        let mut p = policy();
+        p.rewrite.insert(Signal::HUP, USR1);
+        p.rewrite.insert(WINCH, Signal(0));
         p.rewrite.insert(Signal::TERM, Signal::QUIT);
-        let mut d = ready(p);
-        d.handle(ms(0), TERM);
-        assert_eq!(
-            d.handle(ms(5000), Event::Tick),
-            vec![Action::ForwardDrain(Signal::QUIT)]
-        );
-        assert_eq!(d.drain_signal(), Some(Signal::TERM));
+        p
     }
 
-    #[test]
-    fn custom_drain_signal_set() {
-        let mut p = policy();
-        p.drain_signals = vec![Signal(libc::SIGUSR1)];
-        let mut d = ready(p);
-        assert_eq!(d.handle(ms(0), TERM), vec![Action::Forward(Signal::TERM)]);
-        assert_eq!(
-            d.handle(ms(0), Event::Signal(Signal(libc::SIGUSR1))),
-            vec![Action::SampleInFlight]
-        );
+    fn usr1_only() -> Policy {
+        Policy {
+            drain_signals: vec![USR1],
+            ..policy()
+        }
     }
 
-    fn with_teardown(n: usize) -> Drain {
-        let mut p = policy();
-        p.teardown_timeouts = vec![ms(1000); n];
-        let mut d = ready(p);
-        d.handle(ms(0), TERM);
-        d.handle(ms(5000), Event::Tick);
-        d.handle(ms(5100), Event::ChildExited(ChildExit::Code(0)));
+    fn teardown(n: usize) -> Policy {
+        Policy {
+            teardown_timeouts: vec![ms(1000); n],
+            ..policy()
+        }
+    }
+
+    const USR1: Signal = Signal(libc::SIGUSR1);
+    const WINCH: Signal = Signal(libc::SIGWINCH);
+    const TERM: Event = Event::Signal(Signal::TERM);
+    const READY: (u64, Event) = (0, Event::ReadinessPassed);
+    const fn exited(code: i32) -> Event {
+        Event::ChildExited(ChildExit::Code(code))
+    }
+
+    const DRAINED: Outcome = Outcome {
+        code: 0,
+        reason: Reason::Drained,
+    };
+    const ABANDONED: Outcome = Outcome {
+        code: 2,
+        reason: Reason::Abandoned,
+    };
+    const TEARDOWN_FAILED: Outcome = Outcome {
+        code: 2,
+        reason: Reason::TeardownFailed,
+    };
+    const fn child(code: i32) -> Outcome {
+        Outcome {
+            code,
+            reason: Reason::ChildExited,
+        }
+    }
+
+    /// Beat 1 at T0 = 0 with the default policy.
+    const START: Start = Start {
+        signal: Some(Signal::TERM),
+        pre_drain_delay: ms(5000),
+        delay_why: Some(DelayWhy::Applies),
+        to_deadline: ms(25000),
+    };
+    /// The main child exited by itself: the stop window.
+    const STOP: Start = Start {
+        signal: None,
+        pre_drain_delay: Duration::ZERO,
+        delay_why: None,
+        to_deadline: ms(20000),
+    };
+    const fn skipped(why: DelayWhy) -> Start {
+        Start {
+            signal: Some(Signal::TERM),
+            pre_drain_delay: Duration::ZERO,
+            delay_why: Some(why),
+            to_deadline: ms(20000),
+        }
+    }
+
+    const WAITING: State = State::Waiting { second_used: false };
+    const CUT: State = State::Waiting { second_used: true };
+    const fn killing(at: u64, alive: Option<usize>, second_used: bool) -> State {
+        State::Killing {
+            until: ms(at + 1000),
+            killed_at: ms(at),
+            alive,
+            counting: false,
+            second_used,
+        }
+    }
+    const fn step(step: usize, until: u64) -> State {
+        State::Teardown {
+            step,
+            until: ms(until),
+            second_used: false,
+        }
+    }
+
+    /// Given prefixes, with the default policy: T0 at 0 in `ready`; beat 3 from 5 s.
+    const BEAT2: &[(u64, Event)] = &[READY, (0, TERM)];
+    const BEAT3: &[(u64, Event)] = &[READY, (0, TERM), (5000, Event::Tick)];
+    const CHILD_GONE: &[(u64, Event)] = &[READY, (0, TERM), (5000, Event::Tick), (5100, exited(0))];
+    const KILLED: &[(u64, Event)] = &[
+        READY,
+        (0, TERM),
+        (5000, Event::Tick),
+        (5100, exited(0)),
+        (25000, Event::Tick),
+        (25000, Event::Killed(2)),
+    ];
+    const STOPPING: &[(u64, Event)] = &[READY, (0, exited(0))];
+    const TEARDOWN: &[(u64, Event)] = &[
+        READY,
+        (0, TERM),
+        (5000, Event::Tick),
+        (5100, exited(0)),
+        (5100, Event::DescendantsGone),
+    ];
+
+    struct Row {
+        rule: &'static str,
+        policy: Policy,
+        given: Vec<(u64, Event)>,
+        when: (u64, Event),
+        state: State,
+        actions: Vec<Action>,
+    }
+
+    fn row(
+        rule: &'static str,
+        policy: Policy,
+        given: &[(u64, Event)],
+        when: (u64, Event),
+        state: State,
+        actions: Vec<Action>,
+    ) -> Row {
+        Row {
+            rule,
+            policy,
+            given: given.to_vec(),
+            when,
+            state,
+            actions,
+        }
+    }
+
+    fn then(given: &[(u64, Event)], more: &[(u64, Event)]) -> Vec<(u64, Event)> {
+        given.iter().chain(more).copied().collect()
+    }
+
+    /// A machine fed `given`.
+    fn machine(policy: Policy, given: &[(u64, Event)]) -> Drain {
+        let mut d = Drain::new(policy);
+        for (at, e) in given {
+            d.handle(ms(*at), *e);
+        }
         d
     }
 
-    /// After the last step: the sweep for leftovers, then the exit.
-    fn swept(d: &mut Drain, a: Vec<Action>, killed: usize) -> Vec<Action> {
-        assert_eq!(a, vec![Action::KillAll], "teardown ends with a sweep");
-        d.handle(ms(9999), Event::Killed(killed))
+    use Action::*;
+
+    /// One row per rule: `(rule, policy, given, when) → (state, actions)`.
+    #[rustfmt::skip]
+    fn table() -> Vec<Row> {
+        let p = policy;
+        vec![
+            // §1/§7: phases before the drain.
+            row("§7 readiness passes: starting → ready", p(), &[], (0, Event::ReadinessPassed), State::Ready { routed: false }, vec![]),
+            row("§2 a client asking /readyz is remembered", p(), &[READY], (0, Event::Routed), State::Ready { routed: true }, vec![]),
+            // §2 beat 1.
+            row("§2 beat 1: draining and sampled in one step, nothing forwarded", p(), &[READY], (0, TERM), State::PreDrain, vec![SampleInFlight(START), PartialReport]),
+            row("§2 readiness never passed: the delay is skipped", p(), &[], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), ForwardDrain(Signal::TERM), PartialReport]),
+            row("§2 default delay, not routed: 0", routing(), &[READY], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NotRouted)), ForwardDrain(Signal::TERM), PartialReport]),
+            row("§2 default delay, routed: applies", routing(), &[READY, (0, Event::Routed)], (0, TERM), State::PreDrain, vec![SampleInFlight(Start { delay_why: Some(DelayWhy::Routed), ..START }), PartialReport]),
+            row("§2 a custom drain signal starts the drain", usr1_only(), &[READY], (0, Event::Signal(USR1)), State::PreDrain, vec![SampleInFlight(Start { signal: Some(USR1), ..START }), PartialReport]),
+            // §2 beat 2.
+            row("§2 beat 2: a tick before T0 + delay does nothing", p(), BEAT2, (4999, Event::Tick), State::PreDrain, vec![]),
+            row("§2 beat 2: CONT is forwarded, never ends the delay", p(), BEAT2, (10, Event::Signal(Signal::CONT)), State::PreDrain, vec![Forward(Signal::CONT)]),
+            row("§2 beat 2: the main child's exit waits for the forward", p(), BEAT2, (1000, exited(0)), State::PreDrain, vec![]),
+            row("§2 beat 2: child gone and nothing left: drained at once", p(), &then(BEAT2, &[(1000, exited(3))]), (1000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            // §2 beat 3.
+            row("§2 beat 3: forward at T0 + delay", p(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("§2 beat 3: --rewrite applies to the drain signal", rewrite(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::QUIT), PartialReport]),
+            row("§2 beat 3: the child went in beat 2: what is left gets it", p(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("§2 beat 3: leftovers get the drain signal at the child's exit", p(), BEAT3, (5100, Event::ChildExited(ChildExit::Signal(Signal::TERM))), WAITING, vec![SignalRemaining(Signal::TERM)]),
+            row("§2 draining until every descendant is gone, while the child lives", p(), BEAT3, (6000, Event::DescendantsGone), WAITING, vec![]),
+            row("§3 every descendant gone before the deadline: 0", p(), CHILD_GONE, (6000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("§3 the child's own code does not change 0 (143)", p(), &then(BEAT3, &[(5100, exited(143))]), (5100, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("§2 deadline: SIGKILL what remains", p(), CHILD_GONE, (25000, Event::Tick), killing(25000, None, false), vec![KillAll]),
+            row("§2 the kill reports its count", p(), &then(CHILD_GONE, &[(25000, Event::Tick)]), (25000, Event::Killed(2)), killing(25000, Some(2), false), vec![]),
+            row("§3 abandoned: 2", p(), KILLED, (25010, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            // The kill's settle.
+            row("settle over: count what is still dying", p(), KILLED, (26000, Event::Tick), State::Killing { until: ms(26000), killed_at: ms(25000), alive: Some(2), counting: true, second_used: false }, vec![CountAlive]),
+            row("settle: fewer alive than before: extended", p(), &then(KILLED, &[(26000, Event::Tick)]), (26000, Event::Alive(Some(1))), State::Killing { until: ms(27000), killed_at: ms(25000), alive: Some(1), counting: false, second_used: false }, vec![StillDying(1)]),
+            row("settle: no progress: go on", p(), &then(KILLED, &[(26000, Event::Tick)]), (26000, Event::Alive(Some(2))), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("settle: /proc unreadable: go on", p(), &then(KILLED, &[(26000, Event::Tick)]), (26000, Event::Alive(None)), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("settle: never longer than SETTLE_MAX after the kill", p(), KILLED, (35000, Event::Tick), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("settle: an unreapable main child does not hold drainit", p(), &then(BEAT3, &[(25000, Event::Tick), (25000, Event::Killed(1))]), (26000, Event::Tick), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("§3 unkillable: not clean, not abandoned", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(0)), (26000, Event::Tick)]), (26000, Event::Alive(Some(1))), State::Exited(Outcome { code: 2, reason: Reason::Unkillable }), vec![Exit(Outcome { code: 2, reason: Reason::Unkillable })]),
+            row("§3 abandoned outranks unkillable", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(2))]), (25100, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            // §2 the second signal.
+            row("§2 second signal in beat 2: forward now", p(), BEAT2, (2000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("§2 a third signal changes nothing", p(), &then(BEAT2, &[(2000, TERM)]), (3000, TERM), CUT, vec![]),
+            row("§2 second signal in beat 3: SIGKILL now", p(), BEAT3, (5500, TERM), killing(5500, None, true), vec![KillAll]),
+            row("§3 killed by a second signal: abandoned, 2", p(), &then(BEAT3, &[(5500, TERM), (5600, Event::Killed(1)), (5601, Event::ChildExited(ChildExit::Signal(Signal::KILL)))]), (5602, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("§2 within 100 ms of the first: counts as the first", p(), BEAT2, (50, Event::Signal(Signal::QUIT)), State::PreDrain, vec![]),
+            row("§2 within 100 ms, delay skipped: no instant kill", p(), &[(0, TERM)], (99, TERM), WAITING, vec![]),
+            row("§2 100 ms after T0 it is a second signal", p(), &[(0, TERM)], (100, TERM), killing(100, None, true), vec![KillAll]),
+            row("--second-signal ignore: beat 2 goes on", ignore(), BEAT2, (1000, TERM), State::PreDrain, vec![]),
+            row("--second-signal ignore: beat 3 goes on", ignore(), BEAT3, (6000, TERM), WAITING, vec![]),
+            // §2 signals that are not drain signals.
+            row("§5 forwarded, rewritten", rewrite(), &[READY], (0, Event::Signal(Signal::HUP)), State::Ready { routed: false }, vec![Forward(USR1)]),
+            row("§5 rewritten to 0: dropped", rewrite(), &[READY], (0, Event::Signal(WINCH)), State::Ready { routed: false }, vec![]),
+            row("§2 not a drain signal in this set: forwarded", usr1_only(), &[READY], (0, TERM), State::Ready { routed: false }, vec![Forward(Signal::TERM)]),
+            // §2/§3 no drain signal: the main child exits by itself.
+            row("§2 child exits by itself: stopping, leftovers signalled", p(), &[READY], (100, exited(7)), WAITING, vec![SampleInFlight(STOP), SignalRemaining(Signal::TERM)]),
+            row("§3 child exited by itself: its code", p(), &[READY, (0, exited(7))], (50, Event::DescendantsGone), State::Exited(child(7)), vec![Exit(child(7))]),
+            row("§3 killed by a signal: 128 + S", p(), &[READY, (0, Event::ChildExited(ChildExit::Signal(Signal::KILL)))], (50, Event::DescendantsGone), State::Exited(child(137)), vec![Exit(child(137))]),
+            row("§2 stop window: SIGKILL at exit + drain timeout", p(), STOPPING, (20000, Event::Tick), killing(20000, None, false), vec![KillAll]),
+            row("§3 exit 0 with abandoned work: 2", p(), &then(STOPPING, &[(20000, Event::Tick), (20000, Event::Killed(1))]), (20001, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("§3 a crash outranks abandoned work", p(), &[READY, (0, exited(3)), (20000, Event::Tick), (20000, Event::Killed(1))], (20001, Event::DescendantsGone), State::Exited(child(3)), vec![Exit(child(3))]),
+            row("§2 drain signal while stopping acts as a second signal", p(), STOPPING, (500, TERM), killing(500, None, true), vec![KillAll]),
+            // §2 teardown.
+            row("§2 teardown starts when the drain is over", teardown(2), &then(CHILD_GONE, &[]), (5100, Event::DescendantsGone), step(0, 6100), vec![StartTeardown(0)]),
+            row("§2 teardown runs in order", teardown(2), TEARDOWN, (5200, Event::TeardownExited { ok: true }), step(1, 6200), vec![StartTeardown(1)]),
+            row("§2 after the last step: the sweep", teardown(2), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, Event::TeardownExited { ok: true }), State::Sweep, vec![KillAll]),
+            row("§3 clean sweep: 0", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(0)), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("§3 a daemon left by teardown is abandoned: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(1)), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("§3 a failed step: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: false })]), (5200, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
+            row("§2 a step out of time is killed", teardown(1), TEARDOWN, (6100, Event::Tick), State::TeardownKilled { step: 0, until: ms(7100), second_used: false }, vec![KillTeardown(0)]),
+            row("§2 a killed step reaped: next", teardown(1), &then(TEARDOWN, &[(6100, Event::Tick)]), (6110, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
+            row("§2 a killed step never reaped: next after the settle", teardown(2), &then(TEARDOWN, &[(6100, Event::Tick)]), (7100, Event::Tick), step(1, 8100), vec![StartTeardown(1)]),
+            row("§2 second signal in teardown cuts the step", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, TERM), State::TeardownKilled { step: 1, until: ms(6300), second_used: true }, vec![KillTeardown(1)]),
+            row("§2 a cut step: the rest is skipped", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true }), (5300, TERM)]), (5310, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
+            row("§3 teardown failed after a clean exit: 2", teardown(1), &[READY, (0, exited(0)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
+            row("§3 teardown failed after a crash: the crash's code", teardown(1), &[READY, (0, exited(5)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(child(5)), vec![Exit(child(5))]),
+            row("exactly one exit: nothing after it", p(), &then(CHILD_GONE, &[(6000, Event::DescendantsGone)]), (7000, TERM), State::Exited(DRAINED), vec![]),
+        ]
     }
 
     #[test]
-    fn a_daemon_left_by_teardown_is_swept_and_abandoned() {
-        let mut d = with_teardown(1);
-        d.handle(ms(5100), Event::DescendantsGone);
-        let a = d.handle(ms(5200), Event::TeardownExited { ok: true });
-        let a = swept(&mut d, a, 1);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::Abandoned
-            })
-        );
-    }
-
-    #[test]
-    fn teardown_runs_in_order_after_the_drain() {
-        let mut d = with_teardown(2);
-        assert_eq!(
-            d.handle(ms(5100), Event::DescendantsGone),
-            vec![Action::StartTeardown(0)]
-        );
-        assert_eq!(d.phase(), Phase::Stopping);
-        assert_eq!(
-            d.handle(ms(5200), Event::TeardownExited { ok: true }),
-            vec![Action::StartTeardown(1)]
-        );
-        let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
-        let a = swept(&mut d, a, 0);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 0,
-                reason: Reason::Drained
-            })
-        );
-    }
-
-    #[test]
-    fn teardown_failure_gives_two() {
-        let mut d = with_teardown(2);
-        d.handle(ms(5100), Event::DescendantsGone);
-        assert_eq!(
-            d.handle(ms(5200), Event::TeardownExited { ok: false }),
-            vec![Action::StartTeardown(1)]
-        );
-        let a = d.handle(ms(5300), Event::TeardownExited { ok: true });
-        let a = swept(&mut d, a, 0);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::TeardownFailed
-            })
-        );
-        assert_eq!(d.teardown(), &[StepEnd::Failed, StepEnd::Ok]);
-    }
-
-    #[test]
-    fn teardown_timeout_kills_the_step() {
-        let mut d = with_teardown(1);
-        d.handle(ms(5100), Event::DescendantsGone);
-        assert_eq!(d.next_deadline(), Some(ms(6100)));
-        assert_eq!(
-            d.handle(ms(6100), Event::Tick),
-            vec![Action::KillTeardown(0)]
-        );
-        let a = d.handle(ms(6110), Event::TeardownExited { ok: false });
-        let a = swept(&mut d, a, 0);
-        assert_eq!(
-            exit_of(&a),
-            Some(Outcome {
-                code: 2,
-                reason: Reason::TeardownFailed
-            })
-        );
-        assert_eq!(d.teardown(), &[StepEnd::TimedOut]);
-    }
-
-    #[test]
-    fn a_killed_step_that_is_never_reaped_is_given_up_after_the_settle() {
-        let mut d = with_teardown(2);
-        d.handle(ms(5100), Event::DescendantsGone);
-        assert_eq!(
-            d.handle(ms(6100), Event::Tick),
-            vec![Action::KillTeardown(0)]
-        );
-        assert_eq!(d.next_deadline(), Some(ms(6100) + KILL_SETTLE));
-        let a = d.handle(ms(6100) + KILL_SETTLE, Event::Tick);
-        assert_eq!(a, vec![Action::StartTeardown(1)]);
-        assert_eq!(d.teardown(), &[StepEnd::TimedOut]);
-    }
-
-    #[test]
-    fn second_signal_during_teardown_cuts_it_and_skips_the_rest() {
-        let mut d = with_teardown(3);
-        d.handle(ms(5100), Event::DescendantsGone);
-        d.handle(ms(5200), Event::TeardownExited { ok: true });
-        assert_eq!(d.handle(ms(5300), TERM), vec![Action::KillTeardown(1)]);
-        let a = d.handle(ms(5310), Event::TeardownExited { ok: false });
-        let a = swept(&mut d, a, 0);
-        assert_eq!(exit_of(&a).unwrap().code, 2);
-        assert_eq!(d.teardown(), &[StepEnd::Ok, StepEnd::Cut, StepEnd::Skipped]);
-    }
-
-    #[test]
-    fn teardown_failure_after_clean_child_exit_is_two_but_crash_keeps_its_code() {
-        for (exit, code) in [(0, 2), (5, 5)] {
-            let mut p = policy();
-            p.teardown_timeouts = vec![ms(1000)];
-            let mut d = ready(p);
-            d.handle(ms(0), Event::ChildExited(ChildExit::Code(exit)));
+    fn the_drain_table() {
+        for r in table() {
+            let mut d = machine(r.policy, &r.given);
+            let actions = d.handle(ms(r.when.0), r.when.1);
             assert_eq!(
-                d.handle(ms(1), Event::DescendantsGone),
-                vec![Action::StartTeardown(0)]
+                (d.state(), actions),
+                (r.state, r.actions),
+                "rule: {}",
+                r.rule
             );
-            let a = d.handle(ms(2), Event::TeardownExited { ok: false });
-            let a = swept(&mut d, a, 0);
-            assert_eq!(exit_of(&a).unwrap().code, code);
+        }
+    }
+
+    /// The phase `/readyz` publishes, per state (DESIGN §1).
+    #[test]
+    fn the_phase_table() {
+        let p = policy;
+        let rows: &[(&[(u64, Event)], Phase)] = &[
+            (&[], Phase::Starting),
+            (&[READY], Phase::Ready),
+            (BEAT2, Phase::Draining),
+            (CHILD_GONE, Phase::Draining),
+            (KILLED, Phase::Draining),
+            (STOPPING, Phase::Stopping),
+            (&[READY, (0, exited(0)), (500, TERM)], Phase::Stopping),
+            (
+                &then(CHILD_GONE, &[(6000, Event::DescendantsGone)]),
+                Phase::Stopping,
+            ),
+        ];
+        for (given, phase) in rows {
+            assert_eq!(machine(p(), given).phase(), *phase, "given {given:?}");
+        }
+    }
+
+    /// The report's record: T0, the forward, the kill, the end and the deadline.
+    #[test]
+    fn the_timeline_table() {
+        let p = policy;
+        let t = |given: &[(u64, Event)]| machine(p(), given).timeline();
+        let clean = t(&then(CHILD_GONE, &[(6000, Event::DescendantsGone)]));
+        assert_eq!(
+            (
+                clean.t0,
+                clean.pre_drain_delay,
+                clean.forwarded_at,
+                clean.finished_at,
+                clean.deadline
+            ),
+            (
+                Some(ms(0)),
+                ms(5000),
+                Some(ms(5000)),
+                Some(ms(6000)),
+                Some(ms(25000))
+            )
+        );
+        // The instants the driver actually sent the signals; the first kill kept.
+        let mut d = machine(p(), BEAT3);
+        d.note_forwarded(ms(5003));
+        d.handle(ms(25000), Event::Tick);
+        d.note_killed(ms(25002));
+        d.note_killed(ms(25400));
+        assert_eq!(
+            (d.timeline().forwarded_at, d.timeline().killed_at),
+            (Some(ms(5003)), Some(ms(25002)))
+        );
+        // The stop window is timed from the child's exit.
+        let stop = t(&[READY, (100, exited(0))]);
+        assert_eq!((stop.t0, stop.deadline), (Some(ms(100)), Some(ms(20100))));
+        // A skipped delay.
+        assert_eq!(t(&[(10, TERM)]).deadline, Some(ms(20010)));
+    }
+
+    type Given = &'static [(u64, Event)];
+    type Steps = &'static [StepEnd];
+
+    #[test]
+    #[rustfmt::skip]
+    fn the_teardown_record() {
+        let rows: &[(usize, Given, Steps)] = &[
+            (2, &[(5200, Event::TeardownExited { ok: false }), (5300, Event::TeardownExited { ok: true })], &[StepEnd::Failed, StepEnd::Ok]),
+            (1, &[(6100, Event::Tick), (6110, Event::TeardownExited { ok: false })], &[StepEnd::TimedOut]),
+            (2, &[(6100, Event::Tick), (7100, Event::Tick)], &[StepEnd::TimedOut]),
+            (3, &[(5200, Event::TeardownExited { ok: true }), (5300, TERM), (5310, Event::TeardownExited { ok: false })], &[StepEnd::Ok, StepEnd::Cut, StepEnd::Skipped]),
+        ];
+        for (n, more, ends) in rows {
+            assert_eq!(machine(teardown(*n), &then(TEARDOWN, more)).teardown(), *ends);
         }
     }
 
     #[test]
     fn idle_has_no_deadline() {
-        let d = ready(policy());
-        assert_eq!(d.next_deadline(), None);
-        let d = Drain::new(policy());
-        assert_eq!(d.next_deadline(), None);
+        for given in [&[][..], &[READY][..], &[READY, (0, Event::Routed)][..]] {
+            assert_eq!(machine(policy(), given).next_deadline(), None);
+        }
+    }
+
+    /// The order of one batch of signals and the main child's exit read with it.
+    #[test]
+    #[rustfmt::skip]
+    fn the_batch_order_table() {
+        let d = machine(policy(), &[READY]);
+        let killed_by = |s| ChildExit::Signal(s);
+        let rows = [
+            (vec![Signal::TERM], None, vec![TERM]),
+            // Exited before the signal was sent: the exit comes first (no drain).
+            (vec![Signal::TERM], Some(ChildExit::Code(1)), vec![exited(1), TERM]),
+            (vec![Signal::HUP], Some(killed_by(Signal::TERM)), vec![Event::ChildExited(killed_by(Signal::TERM)), Event::Signal(Signal::HUP)]),
+            // Killed by the drain signal of this very batch: a drain, not a crash.
+            (vec![Signal::TERM], Some(killed_by(Signal::TERM)), vec![TERM, Event::ChildExited(killed_by(Signal::TERM))]),
+            (vec![Signal::HUP, Signal::QUIT], Some(killed_by(Signal::QUIT)), vec![Event::Signal(Signal::HUP), Event::Signal(Signal::QUIT), Event::ChildExited(killed_by(Signal::QUIT))]),
+        ];
+        for (batch, exit, events) in rows {
+            assert_eq!(d.order_batch(&batch, exit), events, "batch {batch:?}, exit {exit:?}");
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_signal() -> impl Strategy<Value = Signal> {
+            prop_oneof![
+                4 => Just(Signal::TERM),
+                1 => Just(Signal::INT),
+                1 => Just(Signal::QUIT),
+                1 => Just(Signal::HUP),
+                1 => Just(Signal::CONT),
+            ]
+        }
+
+        fn any_event() -> impl Strategy<Value = Event> {
+            prop_oneof![
+                3 => any_signal().prop_map(Event::Signal),
+                1 => Just(Event::ReadinessPassed),
+                1 => Just(Event::Routed),
+                1 => prop_oneof![
+                    1 => (0..3i32).prop_map(ChildExit::Code),
+                    1 => Just(ChildExit::Signal(Signal::TERM)),
+                    1 => Just(ChildExit::Signal(Signal::KILL)),
+                ]
+                .prop_map(Event::ChildExited),
+                2 => Just(Event::DescendantsGone),
+                1 => (0..3usize).prop_map(Event::Killed),
+                1 => (0..2usize).prop_map(Event::Unkillable),
+                1 => any::<bool>().prop_map(|ok| Event::TeardownExited { ok }),
+                4 => Just(Event::Tick),
+            ]
+        }
+
+        fn any_policy() -> impl Strategy<Value = Policy> {
+            (
+                prop_oneof![Just(0u64), Just(300), Just(5000)],
+                any::<bool>(),
+                prop_oneof![Just(200u64), Just(2000)],
+                0..3usize,
+                any::<bool>(),
+            )
+                .prop_map(|(delay, routing, timeout, steps, ignore)| Policy {
+                    pre_drain_delay: ms(delay),
+                    delay_needs_routing: routing,
+                    drain_timeout: ms(timeout),
+                    teardown_timeouts: vec![ms(500); steps],
+                    second_signal: if ignore {
+                        SecondSignal::Ignore
+                    } else {
+                        SecondSignal::Skip
+                    },
+                    ..policy()
+                })
+        }
+
+        /// A fake driver: feeds the events, answers the machine's questions
+        /// (`KillAll` → `Killed`, `CountAlive` → `Alive`) and checks the
+        /// invariants after every step.
+        struct Run {
+            d: Drain,
+            now: At,
+            exits: usize,
+            answers: Vec<usize>,
+            /// A second signal cut beat 2 short (the forward may come early).
+            cut_beat2: bool,
+        }
+
+        impl Run {
+            fn feed(&mut self, e: Event) {
+                let before = self.d.state();
+                let deadline = self.d.timeline().deadline;
+                let t0 = self.d.timeline().t0;
+                let actions = self.d.handle(self.now, e);
+                let r = self.d.record().clone();
+                let second = match e {
+                    Event::Signal(s) => {
+                        self.d.policy.drain_signals.contains(&s)
+                            && self.d.policy.second_signal == SecondSignal::Skip
+                    }
+                    _ => false,
+                };
+                let t = r.timeline;
+                // A deadline (and T0) is never moved.
+                if deadline.is_some() {
+                    assert_eq!(t.deadline, deadline, "the deadline moved on {e:?}");
+                    assert_eq!(t.t0, t0);
+                }
+                let mut follow = Vec::new();
+                for a in &actions {
+                    match a {
+                        // Nothing is forwarded before T0 + delay unless a second signal came.
+                        Action::ForwardDrain(_) | Action::SignalRemaining(_)
+                            if r.drain_signal.is_some() =>
+                        {
+                            let due = t.t0.expect("a drain has a T0") + t.pre_drain_delay;
+                            self.cut_beat2 |= second && before == State::PreDrain;
+                            assert!(
+                                self.now >= due || self.cut_beat2,
+                                "forwarded at {:?} before {due:?} on {e:?} in {before:?}",
+                                self.now
+                            );
+                        }
+                        // Nothing is SIGKILLed before the deadline unless a second signal came in beat 3.
+                        Action::KillAll if matches!(self.d.state(), State::Killing { .. }) => {
+                            assert!(
+                                self.now >= t.deadline.expect("a wait has a deadline")
+                                    || (second
+                                        && matches!(before, State::Waiting { second_used: false })),
+                                "killed at {:?} before the deadline on {e:?} in {before:?}",
+                                self.now
+                            );
+                            let n = self.answers.pop().unwrap_or(0);
+                            follow.push(Event::Killed(n));
+                        }
+                        Action::KillAll => {
+                            follow.push(Event::Killed(self.answers.pop().unwrap_or(0)))
+                        }
+                        Action::CountAlive => {
+                            follow.push(Event::Alive(self.answers.pop().map(Some).unwrap_or(None)))
+                        }
+                        Action::Exit(o) => {
+                            self.exits += 1;
+                            assert_eq!(self.exits, 1, "exactly one exit");
+                            let clean = r.abandoned == 0
+                                && r.unkillable == 0
+                                && r.teardown.iter().all(|s| *s == StepEnd::Ok);
+                            if o.code == 0 {
+                                assert!(clean, "0 with unclean work: {r:?}");
+                                assert!(
+                                    r.drain_signal.is_some()
+                                        || r.child_exit == Some(ChildExit::Code(0)),
+                                    "0 without a drain signal: {r:?}"
+                                );
+                            }
+                            if r.drain_signal.is_some() {
+                                assert_eq!(
+                                    o.code == 0,
+                                    clean,
+                                    "a drain's code is 0 exactly when clean: {r:?}"
+                                );
+                                assert!(o.code == 0 || o.code == 2);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                if matches!(before, State::Exited(_)) {
+                    assert!(actions.is_empty(), "nothing after the exit");
+                }
+                for e in follow {
+                    self.feed(e);
+                }
+            }
+
+            /// Time passes to the next deadline (or by `dt` when none is set).
+            fn tick(&mut self, dt: u64) {
+                self.now = self
+                    .d
+                    .next_deadline()
+                    .map_or(self.now + ms(dt), |at| at.max(self.now));
+                self.feed(Event::Tick);
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn invariants_hold_over_random_events(
+                policy in any_policy(),
+                events in proptest::collection::vec((0..3000u64, any_event()), 0..40),
+                answers in proptest::collection::vec(0..4usize, 0..10),
+            ) {
+                let mut run = Run { d: Drain::new(policy), now: At::ZERO, exits: 0, answers, cut_beat2: false };
+                for (dt, e) in events {
+                    if e == Event::Tick {
+                        run.tick(dt);
+                    } else {
+                        run.now += ms(dt % 150); // signals close together too
+                        run.feed(e);
+                    }
+                }
+                // Then the run is finished by the world: the child exits, the tree
+                // empties, steps end, time passes. Exactly one exit comes.
+                run.feed(exited(0));
+                run.feed(Event::DescendantsGone);
+                for _ in 0..20 {
+                    if matches!(run.d.state(), State::Teardown { .. }) {
+                        run.feed(Event::TeardownExited { ok: true });
+                    } else {
+                        run.tick(1000);
+                    }
+                }
+                prop_assert!(matches!(run.d.state(), State::Exited(_)), "never exited: {:?}", run.d.state());
+                prop_assert_eq!(run.exits, 1);
+            }
+        }
     }
 }

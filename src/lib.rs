@@ -11,13 +11,14 @@
 //! for has a parent chain that leads to drainit, and `/proc` finds them all, daemons
 //! that called `setsid` or double-forked included ([`procs`]).
 //!
-//! **Who waits.** Exactly one place calls `waitpid`: the [`reaper`], looped until
+//! **Who waits.** Exactly one module calls `waitpid`: the [`reaper`], looped until
 //! nothing is left to reap each time the loop reads SIGCHLD, in batches (the next
 //! batch runs after the other wake-ups had their turn, so thousands of orphans
 //! re-parented at once hold no deadline and no signal). Anything else that waits for a
 //! process (the main child, exec checks, teardown steps) registers the pid first
 //! and gets the status on a channel. Anything reaped that nobody registered is an
-//! orphan and is counted in the report.
+//! orphan and is counted in the report. (A child whose `exec` failed is reaped by
+//! `reaper::reap_failed_spawn` before its pid is known to anyone.)
 //!
 //! **Signals.** drainit installs no signal handler. At start — in a constructor
 //! the C library runs before `main`, so that a SIGTERM sent right after exec is
@@ -31,9 +32,12 @@
 //! child (or its group), after `--rewrite`; 32 and 33, the C libraries' own, are
 //! dropped.
 //!
-//! **Who kills.** Only the [`supervisor`] sends signals, and only to processes it
-//! has just seen alive and unreaped, in the same synchronous step, on the one
-//! runtime thread that also reaps: a pid is never signalled after it was reaped.
+//! **Who kills.** Only the [`tree`] module sends signals (`tree::kill`, the one
+//! `kill(2)` call): the forward, the leftovers' drain signal, every SIGKILL (the
+//! deadline's, a teardown step's, an exec check's that timed out). The
+//! [`driver`] asks for them, and only for processes it has just seen alive and
+//! unreaped, in the same synchronous step, on the one runtime thread that also
+//! reaps: a pid is never signalled after it was reaped.
 //! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
 //! process of this PID namespace". Signal first, account after: the forward and the
 //! SIGKILL are sent before any `/proc` walk that only counts (in a tree of
@@ -55,7 +59,7 @@
 //! T0 and at the forward, so a SIGKILL of drainit itself still leaves evidence.
 //! Then `stopping`: teardown steps, the exit report, the exit code (0 clean, 2
 //! abandoned, unkillable or teardown failed). The policy is the pure state machine
-//! in [`drain`]; the [`supervisor`] only drives it.
+//! in [`drain`]; the [`driver`] only drives it.
 //!
 //! **"No descendant left" is proven.** A `/proc` walk can miss a process forked
 //! just as its parent exits (the walk lists the parent, the parent is gone by the
@@ -101,6 +105,7 @@
 pub mod checks;
 pub mod config;
 pub mod drain;
+pub mod driver;
 pub mod exit;
 pub mod logging;
 pub mod metrics;
@@ -108,10 +113,12 @@ pub mod notify;
 pub mod probe;
 pub mod probe_client;
 pub mod procs;
+pub mod published;
 pub mod reaper;
 pub mod report;
 pub mod signals;
 pub mod spawn;
-pub mod supervisor;
+pub mod teardown;
+pub mod tree;
 pub mod user;
 pub mod util;

@@ -14,15 +14,16 @@ use std::rc::Rc;
 use drainit::checks::CheckKind;
 use drainit::checks::Checks;
 use drainit::config::{self, ProbeAddr, ProcessEnv};
+use drainit::driver::Driver;
 use drainit::exit;
 use drainit::logging;
 use drainit::notify::{self, AppSocket, Systemd};
-use drainit::probe::{self, Published};
+use drainit::probe;
+use drainit::published::Published;
 use drainit::reaper::Reaper;
 use drainit::report::Report;
 use drainit::signals::{self, SignalStream};
 use drainit::spawn::{self, ChildSpec};
-use drainit::supervisor::Supervisor;
 use drainit::util::io_word_or_text;
 
 // drainit has its own C `main`: std's start-up (a stack-overflow handler found by
@@ -295,7 +296,7 @@ fn run(args: Vec<OsString>) -> i32 {
                 ));
             }
             let supervisor =
-                Supervisor::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
+                Driver::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
             let report = supervisor.run().await;
             report.write(report_file.as_deref());
             report.exit_code

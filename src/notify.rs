@@ -60,7 +60,7 @@ use tokio::io::Interest;
 use tokio::sync::{oneshot, watch};
 
 use crate::drain::Phase;
-use crate::probe::Published;
+use crate::published::Published;
 use crate::util::{fmt_ms, sleep_until};
 
 /// The largest datagram read; longer ones are truncated by the kernel and ignored.

@@ -55,47 +55,9 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// Request buffer (headers included), bytes; a longer head gets 431.
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 
-/// Set by the first `GET|HEAD /readyz`: something routes by drainit's readiness,
-/// so the default pre-drain delay applies (DESIGN §2). One probe server per
-/// process, and the supervisor only reads it: a flag, not a channel.
-static READYZ_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether any client has asked `/readyz` (GET or HEAD) since drainit started.
-pub fn readyz_asked() -> bool {
-    READYZ_ASKED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// What the supervisor publishes for the probes. The supervisor writes `phase`;
-/// `notify.rs` writes the app's fields (sd_notify).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Published {
-    /// The lifecycle phase (DESIGN §1).
-    pub phase: Phase,
-    /// `STATUS=` text from the app (sd_notify), shown in `/readyz`.
-    pub status_text: Option<String>,
-    /// The app announced its own drain (`STOPPING=1`): readiness fails.
-    pub app_stopping: bool,
-    /// `false` when the app's sd_notify watchdog stopped beating: `/healthz` 503.
-    pub watchdog_ok: bool,
-}
-
-impl Published {
-    /// `starting`, nothing from the app, watchdog fine.
-    pub fn new() -> Published {
-        Published {
-            phase: Phase::Starting,
-            status_text: None,
-            app_stopping: false,
-            watchdog_ok: true,
-        }
-    }
-}
-
-impl Default for Published {
-    fn default() -> Self {
-        Published::new()
-    }
-}
+// The shared state lives in its own module (written by the supervisor and notify,
+// read here); re-exported for the callers that named it here.
+pub use crate::published::{Published, readyz_asked};
 
 /// Binds the probe socket (before the child is spawned, so a taken port is a
 /// configuration error and never a half-started app). Close-on-exec, like every fd
@@ -300,7 +262,7 @@ pub async fn answer<B>(
         );
     }
     if path == "/readyz" {
-        READYZ_ASKED.store(true, std::sync::atomic::Ordering::Relaxed);
+        crate::published::note_readyz_asked();
     }
     let published = state.borrow().clone();
     if path == "/healthz" {

@@ -19,11 +19,50 @@
 //! runtime thread, so a helper cannot be reaped before it is registered.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use tokio::sync::oneshot;
 
 use crate::drain::ChildExit;
 use crate::signals::Signal;
+
+/// What one `waitpid(-1, WNOHANG)` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// This pid ended with this status (and is reaped: forget it).
+    Exited(i32, ChildExit),
+    /// Children remain, none has ended.
+    NoneExited,
+    /// `ECHILD`: drainit has no child at all.
+    NoChildren,
+}
+
+/// The wait-family calls the reaper makes: the kernel's ([`Kernel`]), or a fake
+/// tree's in the driver's tests (`tree::Tree` extends this trait).
+pub trait Waiter {
+    /// Whether drainit has any child at all, alive or unreaped (reaps nothing).
+    fn has_children(&self) -> bool;
+    /// `waitpid(pid, WNOHANG)`: its status if it has ended (and is reaped).
+    fn wait_pid(&self, pid: i32) -> Option<ChildExit>;
+    /// `waitpid(-1, WNOHANG)`.
+    fn wait_any(&self) -> Waited;
+}
+
+/// The kernel: the only `waitpid`/`waitid` calls of drainit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Kernel;
+
+impl Waiter for Kernel {
+    fn has_children(&self) -> bool {
+        has_children()
+    }
+    fn wait_pid(&self, pid: i32) -> Option<ChildExit> {
+        wait_pid(pid)
+    }
+    fn wait_any(&self) -> Waited {
+        wait_any()
+    }
+}
 
 /// What one reap round found.
 #[derive(Debug, Default)]
@@ -42,16 +81,33 @@ pub struct Round {
 pub const MAX_REAP: usize = 256;
 
 /// The registry of waited-for pids.
-#[derive(Default)]
 pub struct Reaper {
+    waiter: Rc<dyn Waiter>,
     main: Option<i32>,
     waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
     orphans: u64,
 }
 
+impl Default for Reaper {
+    fn default() -> Reaper {
+        Reaper::with_waiter(Rc::new(Kernel))
+    }
+}
+
 impl Reaper {
+    /// The reaper of the kernel's tree.
     pub fn new() -> Reaper {
         Reaper::default()
+    }
+
+    /// A reaper that waits through `waiter` (a fake tree in the driver's tests).
+    pub fn with_waiter(waiter: Rc<dyn Waiter>) -> Reaper {
+        Reaper {
+            waiter,
+            main: None,
+            waiters: HashMap::new(),
+            orphans: 0,
+        }
     }
 
     /// Records the main child's pid (right after the spawn).
@@ -92,8 +148,7 @@ impl Reaper {
     /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
     pub fn reap_main(&mut self) -> Option<ChildExit> {
         let pid = self.main?;
-        let (reaped, exit) = wait_pid(pid)?;
-        debug_assert_eq!(reaped, pid);
+        let exit = self.waiter.wait_pid(pid)?;
         self.main = None;
         Some(exit)
     }
@@ -107,7 +162,7 @@ impl Reaper {
                 round.more = true;
                 break;
             }
-            match wait_any() {
+            match self.waiter.wait_any() {
                 Waited::Exited(pid, exit) => {
                     if Some(pid) == self.main {
                         self.main = None;
@@ -161,21 +216,28 @@ pub fn has_children() -> bool {
     }
 }
 
-enum Waited {
-    Exited(i32, ChildExit),
-    NoneExited,
-    NoChildren,
+/// Waits for (blocking) and reaps a child whose `exec` failed: `spawn.rs` calls it
+/// right after the `clone`, before the reaper knows the pid, so no status is lost
+/// and the reaper never sees it. (With `CLONE_VFORK` the parent resumes at the
+/// child's `_exit`, possibly before it is a zombie: hence blocking.)
+#[allow(unsafe_code)]
+pub(crate) fn reap_failed_spawn(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own exited child, writing one c_int to a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
 }
 
 /// `waitpid(pid, &status, WNOHANG)` for one pid: its status if it has exited.
 #[allow(unsafe_code)]
-fn wait_pid(pid: i32) -> Option<(i32, ChildExit)> {
+fn wait_pid(pid: i32) -> Option<ChildExit> {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: waitpid(2) writes one c_int through a valid pointer to a local.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if r == pid {
-            return decode(status).map(|e| (pid, e));
+            return decode(status);
         }
         if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;

@@ -20,9 +20,8 @@ use serde::Serialize;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
-use crate::drain::{ChildExit, Outcome, StepEnd, Timeline};
+use crate::drain::{ChildExit, Outcome, Record, StepEnd, Timeline};
 use crate::logging;
-use crate::signals::Signal;
 
 /// Counts the processes of one drain (or, with no drain signal, of the stop that
 /// follows the main child's exit).
@@ -261,16 +260,16 @@ pub fn drain_json(t: &Timeline, ledger: &Ledger) -> DrainJson {
     }
 }
 
-/// Everything the supervisor knows at exit, or so far.
+/// Everything the driver knows at exit, or so far: the drain machine's record
+/// and the ledger of processes.
 pub struct Facts<'a> {
     /// `None` for a partial report: the drain is under way, in `phase`.
     pub outcome: Option<Outcome>,
     /// The phase now (for a partial report's `reason`).
     pub phase: crate::drain::Phase,
-    pub signal: Option<Signal>,
+    /// The drain signal, the main child's exit, the timeline.
+    pub record: &'a Record,
     pub child_pid: i32,
-    pub child_exit: Option<ChildExit>,
-    pub timeline: Timeline,
     pub ledger: &'a Ledger,
     pub teardown: Vec<TeardownJson>,
     pub orphans: u64,
@@ -281,8 +280,8 @@ impl Report {
     /// known, partial (`"final":false`, `exit_code` null, `reason` the phase)
     /// otherwise.
     pub fn from_facts(f: Facts<'_>) -> Report {
-        let body = drain_json(&f.timeline, f.ledger);
-        let (drain, stop) = if f.signal.is_some() {
+        let body = drain_json(&f.record.timeline, f.ledger);
+        let (drain, stop) = if f.record.drain_signal.is_some() {
             (Some(body), None)
         } else {
             (None, Some(body))
@@ -293,10 +292,10 @@ impl Report {
             exit_code: f.outcome.map_or(0, |o| o.code),
             exit_code_json: f.outcome.map(|o| o.code),
             reason: f.outcome.map_or(f.phase.as_str(), |o| o.reason.as_str()),
-            signal: f.signal.map(|s| s.to_string()),
+            signal: f.record.drain_signal.map(|s| s.to_string()),
             child: Some(ChildJson {
                 pid: f.child_pid,
-                exit: f.child_exit.map(Into::into),
+                exit: f.record.child_exit.map(Into::into),
             }),
             error: None,
             drain,
@@ -534,6 +533,7 @@ pub fn step_error(end: StepEnd, exit: Option<ChildExit>, timeout: Duration) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signals::Signal;
 
     #[test]
     fn ledger_counts_completed_and_abandoned_apart() {

@@ -432,23 +432,7 @@ impl SignalStream {
     }
 }
 
-/// `kill(2)`: sends `sig` to `pid` (a process), `-pgid` (a process group) or `-1`.
-///
-/// nix's `kill` takes only the standard signals; real-time ones are forwarded too
-/// (DESIGN §5), so the raw call is used.
-///
-/// # Errors
-/// The errno: `ESRCH` when the target is gone (callers tolerate it), `EPERM`.
-#[allow(unsafe_code)]
-pub fn send(pid: i32, sig: Signal) -> std::io::Result<()> {
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    let r = unsafe { libc::kill(pid, sig.0) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
+// `kill(2)` is `tree::kill`: the tree module is the only code that sends signals.
 
 #[cfg(test)]
 mod tests {

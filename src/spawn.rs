@@ -365,8 +365,7 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
     }
     // The child has already exited (_exit(127)): reap it here, before the reaper
     // knows of it.
-    let child = nix::unistd::Pid::from_raw(pid);
-    while nix::sys::wait::waitpid(child, None) == Err(nix::errno::Errno::EINTR) {}
+    crate::reaper::reap_failed_spawn(pid);
     Err(io::Error::from_raw_os_error(errno))
 }
 
