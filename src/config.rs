@@ -583,8 +583,8 @@ impl Env for ProcessEnv {
 /// flag that has one (those clap reads, and the lists drainit splits itself),
 /// and the plain-millisecond ones. `DRAINIT_CONFIG` is a path and may be any
 /// bytes.
-fn env_vars() -> Vec<String> {
-    let mut vars: Vec<String> = Cli::command()
+fn env_vars(cmd: &clap::Command) -> Vec<String> {
+    let mut vars: Vec<String> = cmd
         .get_arguments()
         // A path, opened as given: a file name need not be UTF-8 (as `--config`).
         .filter(|a| a.get_id() != "config")
@@ -604,8 +604,8 @@ fn env_vars() -> Vec<String> {
 /// A variable drainit reads whose value is not UTF-8 is a configuration error
 /// (78) naming it, whatever else is given: taken as unset, a typo'd or corrupted
 /// value would silently become the default (DESIGN §3).
-fn check_env_utf8(env: &dyn Env) -> Result<(), ConfigError> {
-    for var in env_vars() {
+fn check_env_utf8(cmd: &clap::Command, env: &dyn Env) -> Result<(), ConfigError> {
+    for var in env_vars(cmd) {
         if env.get_os(&var).is_some_and(|v| v.to_str().is_none()) {
             return Err(ConfigError::config(format!(
                 "invalid value in environment variable {var}: not valid UTF-8"
@@ -622,8 +622,11 @@ fn check_env_utf8(env: &dyn Env) -> Result<(), ConfigError> {
 /// everything else as 64 (command line) or 78 (environment, file) with a message
 /// naming the flag, variable or key.
 pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigError> {
-    check_env_utf8(env)?;
-    let m = match Cli::command().try_get_matches_from(&args) {
+    // Built once: the command (every flag with its help) is the largest piece of
+    // work at start-up.
+    let cmd = Cli::command();
+    check_env_utf8(&cmd, env)?;
+    let m = match cmd.try_get_matches_from(&args) {
         Ok(m) => m,
         Err(e) => return Err(clap_error(e, &args)),
     };
