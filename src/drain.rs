@@ -399,10 +399,13 @@ impl Drain {
         }
     }
 
-    /// Records when the drain's first SIGKILL was sent (later kills keep it).
+    /// Records when the drain's first SIGKILL was sent (later kills keep it). The
+    /// sweep of what teardown steps left behind comes after the drain finished and
+    /// is not the drain's kill: `killed_at` stays as it was (never after
+    /// `finished_at`).
     pub fn note_killed(&mut self, at: At) {
         let t = &mut self.record.timeline;
-        if t.t0.is_some() && t.killed_at.is_none() {
+        if t.t0.is_some() && t.killed_at.is_none() && t.finished_at.is_none() {
             t.killed_at = Some(at);
         }
     }
@@ -1187,6 +1190,11 @@ mod tests {
             (d.timeline().forwarded_at, d.timeline().killed_at),
             (Some(ms(5003)), Some(ms(25002)))
         );
+        // The sweep of a teardown step's leftovers, after the drain finished, is not
+        // the drain's kill.
+        let mut d = machine(p(), &then(CHILD_GONE, &[(6000, Event::DescendantsGone)]));
+        d.note_killed(ms(7000));
+        assert_eq!(d.timeline().killed_at, None);
         // The stop window is timed from the child's exit.
         let stop = t(&[READY, (100, exited(0))]);
         assert_eq!((stop.t0, stop.deadline), (Some(ms(100)), Some(ms(20100))));
