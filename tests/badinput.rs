@@ -44,19 +44,13 @@ fn run(tmp: &TmpDir, args: &[&str], env: &[(&str, &[u8])]) -> Out {
         cmd.env(k, OsStr::from_bytes(v));
     }
     let mut child = cmd.spawn().unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            kill_marked(tmp.path());
-            panic!("drainit {args:?} still running after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_child(
+        &mut child,
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        tmp.path(),
+        &format!("drainit {args:?}"),
+    );
     // drainit exited: it leaves nothing running, so no `kill_marked` here.
     let stderr = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(

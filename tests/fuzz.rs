@@ -23,7 +23,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drainit::checks::{MAX_RESPONSE_HEAD, response_verdict};
 use drainit::config::{self, Env};
@@ -296,19 +296,13 @@ fn run_drainit(
         cmd.env(k, std::ffi::OsStr::from_bytes(v));
     }
     let mut child = cmd.spawn().unwrap();
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            kill_marked(tmp.path());
-            panic!("drainit {args:?} still running after 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let status = wait_child(
+        &mut child,
+        Duration::from_secs(20),
+        Duration::from_millis(5),
+        tmp.path(),
+        &format!("drainit {args:?}"),
+    );
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         use std::io::Read;

@@ -153,19 +153,13 @@ fn a_sigterm_1ms_after_exec_drains_instead_of_killing() {
         }
         let seen = (exec_at.elapsed(), status_field(pid, "State"));
         assert!(kill(pid, libc::SIGTERM));
-        let end = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if Instant::now() >= end {
-                let _ = child.kill();
-                let _ = child.wait();
-                kill_marked(tmp.path());
-                panic!("try {i}: drainit still running 10 s after an early SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let status = wait_child(
+            &mut child,
+            Duration::from_secs(10),
+            Duration::from_millis(2),
+            tmp.path(),
+            &format!("try {i}: drainit after an early SIGTERM"),
+        );
         let log = std::fs::read_to_string(&stderr).unwrap_or_default();
         if status.signal() == Some(libc::SIGTERM) {
             killed.push((i, seen));

@@ -452,6 +452,31 @@ fn in_tmp(arg: &str, tmp: &TmpDir) -> String {
     arg.replace("$TMP", tmp.path().to_str().unwrap())
 }
 
+/// Waits for `child` (a drainit started directly by the test, its processes
+/// carrying `DRAINIT_TEST_TMP=<dir>`) to exit, polling every `poll`; after
+/// `within`, SIGKILLs it and everything marked with `dir`, and panics with `what`.
+pub fn wait_child(
+    child: &mut Child,
+    within: Duration,
+    poll: Duration,
+    dir: &Path,
+    what: &str,
+) -> std::process::ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            kill_marked(dir);
+            panic!("{what}: still running after {within:?}");
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// SIGKILLs every process carrying `DRAINIT_TEST_TMP=<dir>`.
 pub fn kill_marked(dir: &Path) {
     let needle = format!("DRAINIT_TEST_TMP={}", dir.display());
