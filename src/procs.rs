@@ -188,24 +188,7 @@ pub fn visit(root: i32, exclude: &HashSet<i32>, f: impl FnMut(&Proc)) -> std::io
     }
     if walk(root, exclude, &mut f)?.is_none() {
         let table = all()?;
-        let mut reached: Vec<Proc> = Vec::new();
-        let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
-        for (i, p) in table.iter().enumerate() {
-            children.entry(p.ppid).or_default().push(i);
-        }
-        let mut stack = vec![root];
-        let mut seen = HashSet::new();
-        while let Some(pid) = stack.pop() {
-            for &i in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
-                let p = &table[i];
-                if p.pid == root || exclude.contains(&p.pid) || !seen.insert(p.pid) {
-                    continue;
-                }
-                stack.push(p.pid);
-                reached.push(p.clone());
-            }
-        }
-        reached.iter().for_each(&mut f);
+        below(&table, root, exclude).into_iter().for_each(&mut f);
     }
     Ok(())
 }
@@ -319,6 +302,16 @@ fn walk(
 
 /// [`descendants`] over a given table (for tests).
 pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
+    below(&table, root, exclude)
+        .into_iter()
+        .filter(|p| !p.zombie)
+        .cloned()
+        .collect()
+}
+
+/// The processes of `table` below `root` by parent links (zombies included,
+/// `root` and the subtrees at `exclude` left out), parents before children.
+fn below<'a>(table: &'a [Proc], root: i32, exclude: &HashSet<i32>) -> Vec<&'a Proc> {
     let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
     for (i, p) in table.iter().enumerate() {
         children.entry(p.ppid).or_default().push(i);
@@ -333,9 +326,7 @@ pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Ve
                 continue;
             }
             stack.push(p.pid);
-            if !p.zombie {
-                out.push(p.clone());
-            }
+            out.push(p);
         }
     }
     out
