@@ -419,6 +419,9 @@ async fn handle(
         && req.uri().path() == h
         && matches!(*req.method(), Method::GET | Method::HEAD)
     {
+        // Something routes by drainit's readiness: the default pre-drain delay
+        // applies (DESIGN §2), as for `/readyz`.
+        crate::published::note_readyz_asked();
         return health(gate);
     }
     shared.ledger.received();
