@@ -242,6 +242,16 @@ impl Proxy {
         }
     }
 
+    /// No admitted request in flight and no stream open.
+    pub fn is_quiet(&self) -> bool {
+        self.shared.quiet()
+    }
+
+    /// Open streams (WebSockets, event streams).
+    pub fn open_streams(&self) -> usize {
+        self.shared.streams.open()
+    }
+
     /// The ledger (report, metrics, log lines).
     pub fn ledger(&self) -> &'static Ledger {
         &self.shared.ledger
@@ -368,8 +378,8 @@ struct Sse {
     open: Open,
     /// drainit asked it to close: it ends at the next event boundary.
     closing: bool,
-    /// The bytes sent so far end an event.
-    at_boundary: bool,
+    /// The last bytes sent (up to 3), to find an event's end across frames.
+    tail: Vec<u8>,
     /// Ended by drainit; the next poll ends the body.
     ended: bool,
 }
@@ -419,7 +429,7 @@ impl Body for ProxyBody {
             {
                 sse.closing = true;
             }
-            if sse.closing && sse.at_boundary {
+            if sse.closing && streams::last_event_end(&sse.tail) == Some(sse.tail.len()) {
                 sse.ended = true;
                 sse.open.end = StreamEnd::ClosedByDrain;
                 return Poll::Ready(None);
@@ -432,15 +442,25 @@ impl Body for ProxyBody {
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
             && let Some(data) = frame.data_ref()
         {
+            // Searched with the tail of what went before: an event's blank line
+            // may span two frames.
+            let mut joined = std::mem::take(&mut sse.tail);
+            let before = joined.len();
+            joined.extend_from_slice(&data[..data.len().min(4096)]);
             if sse.closing
-                && let Some(end) = streams::last_event_end(data)
+                && let Some(end) = streams::last_event_end(&joined).filter(|e| *e > before)
             {
                 sse.ended = true;
                 sse.open.end = StreamEnd::ClosedByDrain;
-                let head = data.slice(..end);
+                let head = data.slice(..end - before);
                 return Poll::Ready(Some(Ok(Frame::data(head))));
             }
-            sse.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+            let keep = data.len().min(3);
+            sse.tail = if data.len() >= 3 {
+                data[data.len() - keep..].to_vec()
+            } else {
+                joined[joined.len().saturating_sub(3)..].to_vec()
+            };
         }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
@@ -613,7 +633,7 @@ async fn handle(
                 reg: Some(reg),
             },
             closing: false,
-            at_boundary: true,
+            tail: b"\n\n".to_vec(),
             ended: false,
         })
     } else {
