@@ -427,6 +427,17 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
         "sequential requests did not reuse the upstream connection: {recv:?}"
     );
     drop(c);
+    // /metrics counts them by outcome.
+    let (st, _, metrics) = http(px.probe, "/metrics", "GET");
+    assert_eq!(st, 200);
+    let completed = metrics.lines().find(|l| {
+        l.starts_with("drainit_proxy_requests_total{") && l.contains("outcome=\"completed\"")
+    });
+    assert_eq!(
+        completed.and_then(|l| l.split_whitespace().last()),
+        Some("4"),
+        "{metrics}"
+    );
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(text(&rep, "reason"), "drained");
@@ -943,6 +954,34 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
         assert!(l["start_ms"].as_i64().unwrap() < 0, "{l}");
     }
     assert!(lost.iter().any(|l| l["request_id"] == "cut-2"), "{rep}");
+}
+
+#[test]
+fn a_client_that_goes_away_mid_request_is_canceled() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("GET", "/slow?ms=800", &[], None).unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    drop(c);
+    // The app finishes its side; the proxy has nobody to answer.
+    assert!(
+        wait_until(secs(5), || !px.logged("done GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 0, 1, 0, 0], "{rep}");
 }
 
 // ---------------------------------------------------------------- bad clients
