@@ -778,7 +778,7 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
     let at = px.r.t0 + 1250;
     std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
     let mut c = px.conn();
-    c.request("POST", "/upload", &[], Some(&[b'y'; 100_000]))
+    c.request("POST", "/upload", &[], Some(&[b'y'; 16 * 1024]))
         .unwrap();
     let resp = c
         .response(false)
