@@ -118,6 +118,12 @@ pub struct Cli {
     /// Timeout of each teardown step [default: 5s]
     #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
     pub teardown_timeout: Option<String>,
+    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (both IP:PORT), and keep a request ledger (DESIGN §11)
+    #[arg(long, env = "DRAINIT_PROXY", value_name = "LISTEN=UPSTREAM")]
+    pub proxy: Option<String>,
+    /// With --proxy: requests for exactly PATH on the proxy port are answered by drainit from its readiness (200, or 503 from the drain signal), never sent to the app
+    #[arg(long, env = "DRAINIT_PROXY_HEALTH", value_name = "PATH")]
+    pub proxy_health: Option<String>,
     /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
     #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
     pub report_file: Option<String>,
@@ -218,6 +224,10 @@ pub struct Config {
     /// `--teardown-timeout`: the timeout of each step that sets none of its own.
     pub teardown_timeout: Duration,
     pub report_file: Option<PathBuf>,
+    /// `--proxy`: the admission proxy's addresses; `None`: no proxy.
+    pub proxy: Option<ProxySpec>,
+    /// `--proxy-health`: the path drainit answers itself on the proxy port.
+    pub proxy_health: Option<String>,
     /// `--user`: whom the child runs as; `None`: as drainit.
     pub user: Option<crate::user::Identity>,
     pub check_config: bool,
@@ -376,6 +386,59 @@ fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     s.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
         format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')")
     })
+}
+
+/// `--proxy LISTEN=UPSTREAM`: where the admission proxy listens and where the app
+/// listens (DESIGN §11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxySpec {
+    /// Bound before the child starts (taken: 78).
+    pub listen: SocketAddr,
+    /// The app, in drainit's network namespace (an IP address, or `localhost`).
+    pub upstream: SocketAddr,
+}
+
+fn parse_proxy(s: &str) -> Result<ProxySpec, String> {
+    let (listen, upstream) = s
+        .trim()
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not LISTEN=UPSTREAM, e.g. 0.0.0.0:8080=127.0.0.1:8081"))?;
+    let addr = |part: &str, what: &str| -> Result<SocketAddr, String> {
+        let part = part.trim();
+        let parsed = match part.strip_prefix("localhost:") {
+            Some(port) => port
+                .parse::<u16>()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+                .ok(),
+            None => part.parse::<SocketAddr>().ok(),
+        };
+        match parsed {
+            Some(a) if a.port() != 0 => Ok(a),
+            _ => Err(format!(
+                "'{s}': the {what} '{part}' is not IP:PORT (e.g. 127.0.0.1:8081, [::1]:8081, localhost:8081)"
+            )),
+        }
+    };
+    let spec = ProxySpec {
+        listen: addr(listen, "listen address")?,
+        upstream: addr(upstream, "upstream")?,
+    };
+    if spec.listen == spec.upstream {
+        return Err(format!(
+            "'{s}': the proxy cannot listen on its own upstream"
+        ));
+    }
+    Ok(spec)
+}
+
+fn parse_proxy_health(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if !t.starts_with('/') || t.contains('?') || t.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "'{s}' is not a path like /health (no query, no spaces)"
+        ));
+    }
+    Ok(t.to_string())
 }
 
 fn parse_tcp_target(s: &str) -> Result<String, String> {
@@ -789,6 +852,11 @@ fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigErro
             "no command given\n\nUsage: drainit [FLAGS] [--] CMD [ARGS...]\n\nFor more information, try '--help'.".into(),
         ));
     }
+    if config.proxy_health.is_some() && config.proxy.is_none() {
+        return Err(ConfigError::usage(
+            "--proxy-health answers on the proxy port: it needs --proxy".into(),
+        ));
+    }
     if config.strict_budget && !config.budget().fits() {
         return Err(ConfigError::config(format!(
             "the grace budget does not fit (--strict-budget): {}",
@@ -1127,6 +1195,8 @@ impl Config {
             teardown: Vec::new(),
             teardown_timeout: Duration::ZERO,
             report_file: None,
+            proxy: None,
+            proxy_health: None,
             user: None,
             check_config,
             probe_client: None,

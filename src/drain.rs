@@ -103,6 +103,11 @@ pub struct Policy {
     pub second_signal: SecondSignal,
     /// Applied to everything forwarded, the drain signal at beat 3 included.
     pub rewrite: RewriteMap,
+    /// An admission gate (the proxy, DESIGN §11) carries the app's requests: beat
+    /// 3 closes admission first, and the drain signal goes on once no request is
+    /// in flight ([`Event::RequestsDone`]), or not at all when the deadline comes
+    /// first.
+    pub admission_gate: bool,
 }
 
 /// After SIGKILL, while the killed processes keep dying (fewer alive at each look),
@@ -140,6 +145,9 @@ pub enum Event {
     TeardownExited { ok: bool },
     /// [`Drain::next_deadline`] has passed.
     Tick,
+    /// With an admission gate, after [`Action::CloseAdmission`]: no admitted
+    /// request is in flight any more.
+    RequestsDone,
 }
 
 /// What beat 1 (or, with no drain signal, the main child's exit) started: the data
@@ -168,6 +176,13 @@ pub enum Action {
     /// Beat 3: send the (rewritten) drain signal to the main child or its group,
     /// and remember who got it.
     ForwardDrain(Signal),
+    /// Beat 3 with an admission gate: every new request is answered 503 from now
+    /// on; answer [`Event::RequestsDone`] once no admitted request is in flight
+    /// (at once when none is).
+    CloseAdmission,
+    /// The deadline came with requests still in flight: they are `abandoned`
+    /// (cut by drainit) before the SIGKILL that follows.
+    AbandonRequests,
     /// Send the signal to every descendant drainit has not signalled yet (once each).
     SignalRemaining(Signal),
     /// Write the report so far to the report file (`"final":false`), once this
@@ -277,6 +292,9 @@ pub enum State {
     Ready { routed: bool },
     /// Beat 2: the forward is due at T0 + pre-drain delay.
     PreDrain,
+    /// Beat 3 with an admission gate: admission is closed; the drain signal waits
+    /// for the requests in flight ([`Event::RequestsDone`]) until the deadline.
+    Admission { second_used: bool },
     /// Beat 3 (or the stop window): waiting for the descendants until the
     /// deadline. `second_used`: a second drain signal already cut a wait.
     Waiting { second_used: bool },
@@ -323,6 +341,9 @@ pub struct Record {
     pub abandoned: usize,
     /// Processes drainit could not signal, as reported by [`Event::Unkillable`].
     pub unkillable: usize,
+    /// Requests lost from T0 on (`unknown` or `abandoned` in the proxy's ledger),
+    /// as given to [`Drain::settle_requests`] at the exit.
+    pub requests_lost: usize,
     pub timeline: Timeline,
     /// How each teardown step ended, in order (steps not reached are absent).
     pub teardown: Vec<StepEnd>,
@@ -363,7 +384,10 @@ impl Drain {
         match self.state {
             State::Starting { .. } => Phase::Starting,
             State::Ready { .. } => Phase::Ready,
-            State::PreDrain | State::Waiting { .. } | State::Killing { .. }
+            State::PreDrain
+            | State::Admission { .. }
+            | State::Waiting { .. }
+            | State::Killing { .. }
                 if self.record.drain_signal.is_some() =>
             {
                 Phase::Draining
@@ -420,7 +444,10 @@ impl Drain {
         self.record.child_exit.is_some()
             && matches!(
                 self.state,
-                State::PreDrain | State::Waiting { .. } | State::Killing { .. }
+                State::PreDrain
+                    | State::Admission { .. }
+                    | State::Waiting { .. }
+                    | State::Killing { .. }
             )
     }
 
@@ -443,7 +470,7 @@ impl Drain {
         let t = &self.record.timeline;
         match self.state {
             State::PreDrain => Some(t.t0? + t.pre_drain_delay),
-            State::Waiting { .. } => t.deadline,
+            State::Admission { .. } | State::Waiting { .. } => t.deadline,
             State::Killing {
                 until,
                 counting: false,
@@ -538,6 +565,11 @@ impl Drain {
                 _ => {}
             },
             Event::Tick => self.on_tick(now, &mut out),
+            Event::RequestsDone => {
+                if let State::Admission { second_used } = self.state {
+                    self.forward_drain(now, second_used, &mut out);
+                }
+            }
         }
         out
     }
@@ -576,7 +608,7 @@ impl Drain {
             to_deadline: delay + self.policy.drain_timeout,
         }));
         if delay.is_zero() {
-            self.forward_drain(now, false, out);
+            self.close_admission(now, false, out);
         } else {
             self.state = State::PreDrain;
             // Evidence for a platform that SIGKILLs drainit mid-drain.
@@ -596,7 +628,9 @@ impl Drain {
             return;
         }
         match self.state {
-            State::PreDrain => self.forward_drain(now, true, out),
+            State::PreDrain => self.close_admission(now, true, out),
+            // The wait for the requests in flight is cut: the signal goes now.
+            State::Admission { second_used: false } => self.forward_drain(now, true, out),
             State::Waiting { second_used: false } => self.kill_all(now, true, out),
             State::Teardown {
                 step,
@@ -640,6 +674,16 @@ impl Drain {
                 }
                 self.state = State::Waiting { second_used: false };
             }
+            // The main child went while admitted requests were in flight: what
+            // it left gets the drain signal now, as after a forward.
+            State::Admission { second_used } => {
+                self.record.timeline.forwarded_at = Some(now);
+                self.state = State::Waiting { second_used };
+                if let Some(s) = self.outgoing() {
+                    out.push(Action::SignalRemaining(s));
+                }
+                out.push(Action::PartialReport);
+            }
             // Beat 3: whatever is left gets the drain signal now. (Beat 2: the
             // forward still happens at T0 + delay, to what is left.)
             State::Waiting { .. } => {
@@ -657,7 +701,11 @@ impl Drain {
             _ => return,
         }
         match self.state {
-            State::PreDrain => self.forward_drain(now, false, out),
+            State::PreDrain => self.close_admission(now, false, out),
+            State::Admission { second_used } => {
+                out.push(Action::AbandonRequests);
+                self.kill_all(now, second_used, out);
+            }
             State::Waiting { second_used } => self.kill_all(now, second_used, out),
             State::Killing {
                 killed_at,
@@ -731,6 +779,17 @@ impl Drain {
         }
     }
 
+    /// Beat 3: with an admission gate, admission closes first and the forward
+    /// waits for the requests in flight; without one, the forward is now.
+    fn close_admission(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        if self.policy.admission_gate && self.record.child_exit.is_none() {
+            self.state = State::Admission { second_used };
+            out.push(Action::CloseAdmission);
+        } else {
+            self.forward_drain(now, second_used, out);
+        }
+    }
+
     fn forward_drain(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
         self.record.timeline.forwarded_at = Some(now);
         self.state = State::Waiting { second_used };
@@ -772,7 +831,8 @@ impl Drain {
     /// Whether a second drain signal already cut a wait (it cuts at most one).
     fn second_used(&self) -> bool {
         match self.state {
-            State::Waiting { second_used }
+            State::Admission { second_used }
+            | State::Waiting { second_used }
             | State::Killing { second_used, .. }
             | State::Teardown { second_used, .. }
             | State::TeardownKilled { second_used, .. } => second_used,
@@ -814,10 +874,23 @@ impl Drain {
         out.push(Action::Exit(outcome));
     }
 
+    /// At the exit, with an admission gate: the requests lost from T0 on (the
+    /// proxy's `unknown` and `abandoned`). A drain that lost a request is not clean
+    /// (exit 2, `abandoned`, DESIGN §11); the outcome already returned by
+    /// [`Action::Exit`] is recomputed and returned.
+    pub fn settle_requests(&mut self, lost: usize) -> Outcome {
+        self.record.requests_lost = lost;
+        let outcome = self.outcome();
+        if let State::Exited(o) = &mut self.state {
+            *o = outcome;
+        }
+        outcome
+    }
+
     /// The exit code and reason for what happened so far (DESIGN §3).
     pub fn outcome(&self) -> Outcome {
         let r = &self.record;
-        let unclean = if r.abandoned > 0 {
+        let unclean = if r.abandoned > 0 || r.requests_lost > 0 {
             Some(Reason::Abandoned)
         } else if r.unkillable > 0 {
             Some(Reason::Unkillable)
@@ -872,6 +945,15 @@ mod tests {
             drain_signals: vec![Signal::TERM, Signal::INT, Signal::QUIT],
             second_signal: SecondSignal::Skip,
             rewrite: RewriteMap::default(),
+            admission_gate: false,
+        }
+    }
+
+    /// With the proxy (DESIGN §11): beat 3 closes admission before the forward.
+    fn gate() -> Policy {
+        Policy {
+            admission_gate: true,
+            ..policy()
         }
     }
 
@@ -983,6 +1065,9 @@ mod tests {
     /// Given prefixes, with the default policy: T0 at 0 in `ready`; beat 3 from 5 s.
     const BEAT2: &[(u64, Event)] = &[READY, (0, TERM)];
     const BEAT3: &[(u64, Event)] = &[READY, (0, TERM), (5000, Event::Tick)];
+    const ADMISSION: State = State::Admission { second_used: false };
+    /// With [`gate`]: admission closed at 5 s, requests in flight.
+    const GATE3: &[(u64, Event)] = BEAT3;
     const CHILD_GONE: &[(u64, Event)] = &[READY, (0, TERM), (5000, Event::Tick), (5100, exited(0))];
     const KILLED: &[(u64, Event)] = &[
         READY,
@@ -1064,6 +1149,16 @@ mod tests {
             row("§2 beat 2: child gone and nothing left: drained at once", p(), &then(BEAT2, &[(1000, exited(3))]), (1000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
             // §2 beat 3.
             row("§2 beat 3: forward at T0 + delay", p(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            // §11 beat 3 with the proxy: admission closes, the forward waits for the requests.
+            row("§11 beat 3: admission closes at T0 + delay, nothing forwarded", gate(), BEAT2, (5000, Event::Tick), ADMISSION, vec![CloseAdmission]),
+            row("§11 delay 0: admission closes at T0", gate(), &[], (0, TERM), ADMISSION, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), CloseAdmission]),
+            row("§11 no request in flight: the drain signal goes on", gate(), GATE3, (6000, Event::RequestsDone), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("§11 the forward waits for the requests, not the deadline's clock", gate(), GATE3, (24999, Event::Tick), ADMISSION, vec![]),
+            row("§11 requests still in flight at the deadline: abandoned, SIGKILL", gate(), GATE3, (25000, Event::Tick), killing(25000, None, false), vec![AbandonRequests, KillAll]),
+            row("§11 a second signal cuts the wait for the requests", gate(), GATE3, (6000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("§11 the child went with requests in flight: leftovers get the signal", gate(), GATE3, (6000, exited(1)), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("§11 the child went in beat 2: no gate to wait for", gate(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("§11 RequestsDone outside the wait does nothing", gate(), BEAT2, (1000, Event::RequestsDone), State::PreDrain, vec![]),
             row("§2 beat 3: --rewrite applies to the drain signal", rewrite(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::QUIT), PartialReport]),
             row("§2 beat 3: the child went in beat 2: what is left gets it", p(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
             row("§2 beat 3: leftovers get the drain signal at the child's exit", p(), BEAT3, (5100, Event::ChildExited(ChildExit::Signal(Signal::TERM))), WAITING, vec![SignalRemaining(Signal::TERM)]),
@@ -1276,6 +1371,7 @@ mod tests {
                 1 => (0..2usize).prop_map(Event::Unkillable),
                 1 => any::<bool>().prop_map(|ok| Event::TeardownExited { ok }),
                 4 => Just(Event::Tick),
+                1 => Just(Event::RequestsDone),
             ]
         }
 
@@ -1286,8 +1382,9 @@ mod tests {
                 prop_oneof![Just(200u64), Just(2000)],
                 0..3usize,
                 any::<bool>(),
+                any::<bool>(),
             )
-                .prop_map(|(delay, routing, timeout, steps, ignore)| Policy {
+                .prop_map(|(delay, routing, timeout, steps, ignore, gate)| Policy {
                     pre_drain_delay: ms(delay),
                     delay_needs_routing: routing,
                     drain_timeout: ms(timeout),
@@ -1297,6 +1394,7 @@ mod tests {
                     } else {
                         SecondSignal::Skip
                     },
+                    admission_gate: gate,
                     ..policy()
                 })
         }
@@ -1328,6 +1426,9 @@ mod tests {
                     _ => false,
                 };
                 let t = r.timeline;
+                // A second signal in beat 2 cuts it (with the gate, it closes
+                // admission early and the forward may follow before T0 + delay).
+                self.cut_beat2 |= second && before == State::PreDrain;
                 // A deadline (and T0) is never moved.
                 if deadline.is_some() {
                     assert_eq!(t.deadline, deadline, "the deadline moved on {e:?}");
@@ -1341,7 +1442,6 @@ mod tests {
                             if r.drain_signal.is_some() =>
                         {
                             let due = t.t0.expect("a drain has a T0") + t.pre_drain_delay;
-                            self.cut_beat2 |= second && before == State::PreDrain;
                             assert!(
                                 self.now >= due || self.cut_beat2,
                                 "forwarded at {:?} before {due:?} on {e:?} in {before:?}",

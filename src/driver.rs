@@ -36,9 +36,12 @@ use tokio::sync::{oneshot, watch};
 
 use crate::checks::{self, Checks};
 use crate::config::{Config, DelayRule, ForwardTo};
-use crate::drain::{Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy, Start};
+use crate::drain::{
+    Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy, Start, State,
+};
 use crate::metrics;
 use crate::procs;
+use crate::proxy::{Gate, Proxy};
 use crate::published::Published;
 use crate::reaper::Reaper;
 use crate::report::{Facts, Ledger, Report};
@@ -131,6 +134,8 @@ pub struct Driver {
     /// is carried out (at T0 and at the forward: after the forward, never before
     /// it, so the disk never delays a signal).
     partial_due: bool,
+    /// The admission proxy (`--proxy`), driven at each beat.
+    proxy: Option<Proxy>,
 }
 
 impl Driver {
@@ -177,6 +182,7 @@ impl Driver {
             drain_signals: cfg.drain_signals.clone(),
             second_signal: cfg.second_signal,
             rewrite: cfg.rewrite.clone(),
+            admission_gate: cfg.proxy.is_some(),
         };
         let me = std::process::id() as i32;
         let teardown = Teardown::new(cfg.teardown.clone());
@@ -215,7 +221,16 @@ impl Driver {
             outcome: None,
             progress_at: None,
             partial_due: false,
+            proxy: None,
         }
+    }
+
+    /// Drives `proxy` through the beats (DESIGN §11): its gate follows the
+    /// phase, admission closes at beat 3, and the drain signal waits for the
+    /// requests in flight.
+    pub fn with_proxy(mut self, proxy: Proxy) -> Driver {
+        self.proxy = Some(proxy);
+        self
     }
 
     /// Starts the readiness task: it yields once every check and, with
@@ -251,6 +266,14 @@ impl Driver {
         self.epoch.elapsed()
     }
 
+    /// From now to the SIGKILL deadline (zero when none is set or it passed).
+    fn to_deadline(&self) -> Duration {
+        self.drain
+            .timeline()
+            .deadline
+            .map_or(Duration::ZERO, |d| d.saturating_sub(self.now()))
+    }
+
     /// Marks readiness as passed from elsewhere (sd_notify `READY=1`).
     pub fn readiness_passed(&mut self) {
         self.queue.push_back(Event::ReadinessPassed);
@@ -278,7 +301,9 @@ impl Driver {
             }
             let progress = self.progress_at.map(|at| self.epoch + at);
             let reaping = self.reap_more;
+            let admission = matches!(self.drain.state(), State::Admission { .. });
             let woke = {
+                let proxy = &self.proxy;
                 let signals = &mut self.signals;
                 let ready_rx = &mut self.ready_rx;
                 let step_rx = self.teardown.status();
@@ -291,6 +316,7 @@ impl Driver {
                     _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
                     _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
                     () = tokio::task::yield_now(), if reaping => Woke::Reap,
+                    () = async { proxy.as_ref().expect("guarded by the if").idle().await }, if admission && proxy.is_some() => Woke::RequestsDone,
                 }
             };
             match woke {
@@ -309,6 +335,10 @@ impl Driver {
                 Woke::Progress => self.log_progress(),
                 Woke::Poll => self.check_descendants(false),
                 Woke::Reap => self.on_sigchld(),
+                Woke::RequestsDone => {
+                    log::info!("no request in flight: the app may drain");
+                    self.queue.push_back(Event::RequestsDone);
+                }
             }
             self.process();
         }
@@ -395,11 +425,22 @@ impl Driver {
             ledger: &self.ledger,
             teardown: Vec::new(),
             orphans: self.reaper.borrow().orphans(),
+            requests: self
+                .proxy
+                .as_ref()
+                .map(|p| (p.ledger().totals(), p.ledger().streams())),
         })
     }
 
     fn publish(&self) {
         let phase = self.drain.phase();
+        if let Some(p) = &self.proxy {
+            p.set_gate(match phase {
+                Phase::Starting => Gate::NotReady,
+                Phase::Ready => Gate::Ready,
+                Phase::Draining | Phase::Stopping => Gate::Closing,
+            });
+        }
         self.state_tx.send_if_modified(|p| {
             let changed = p.phase != phase;
             p.phase = phase;
@@ -639,8 +680,37 @@ impl Driver {
                 // of the main child's `/proc` entry (tens of µs) delays the signal.
                 self.sample_due = Some(start);
             }
-            Action::ForwardDrain(sig) => self.forward_drain(sig),
+            Action::ForwardDrain(sig) => {
+                self.forward_drain(sig);
+                if let Some(p) = &self.proxy {
+                    p.set_gate(Gate::Forwarded);
+                }
+            }
+            Action::CloseAdmission => {
+                let p = self
+                    .proxy
+                    .as_ref()
+                    .expect("the machine has a gate only with --proxy");
+                p.set_gate(Gate::Closed);
+                let n = p.ledger().in_flight();
+                log::info!(
+                    "admission closed: new requests get 503; {n} request(s) in flight; the drain signal waits for them (deadline in {})",
+                    fmt_ms(self.to_deadline())
+                );
+                if n == 0 {
+                    self.queue.push_back(Event::RequestsDone);
+                }
+            }
+            Action::AbandonRequests => {
+                if let Some(p) = &self.proxy {
+                    let n = p.abandon();
+                    log::warn!("deadline: {n} request(s) still in flight are abandoned");
+                }
+            }
             Action::SignalRemaining(sig) => {
+                if let Some(p) = &self.proxy {
+                    p.set_gate(Gate::Forwarded);
+                }
                 self.signal_remaining(sig);
                 self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
             }
@@ -1038,7 +1108,27 @@ impl Driver {
     }
 
     fn report(&mut self) -> Report {
-        let outcome = self.outcome.expect("run() returns only after Exit");
+        let mut outcome = self.outcome.expect("run() returns only after Exit");
+        // The proxy stops first: what is still in flight is abandoned, and the
+        // requests lost from T0 on decide whether the drain was clean.
+        let requests = self.proxy.as_mut().map(|p| {
+            p.stop();
+            let l = p.ledger();
+            (l.totals(), l.streams(), l.lost_since_t0())
+        });
+        if let Some((totals, _, lost)) = &requests {
+            outcome = self.drain.settle_requests(*lost as usize);
+            self.outcome = Some(outcome);
+            log::info!(
+                "requests: {} received, {} completed, {} rejected (503, safe to retry), {} unknown, {} abandoned, {} canceled",
+                totals.received,
+                totals.completed,
+                totals.rejected,
+                totals.unknown,
+                totals.abandoned,
+                totals.canceled
+            );
+        }
         // What is left to reap is reaped and counted before the report.
         while self.reap_more {
             let round = self.reaper.borrow_mut().reap();
@@ -1080,6 +1170,7 @@ impl Driver {
             ledger: &self.ledger,
             teardown,
             orphans: self.reaper.borrow().orphans(),
+            requests: requests.map(|(totals, streams, _)| (totals, streams)),
         })
     }
 
@@ -1099,6 +1190,8 @@ enum Woke {
     Poll,
     /// The next reap round (the last one was full).
     Reap,
+    /// Admission is closed and no request is in flight.
+    RequestsDone,
 }
 
 /// How often a drain progress line is logged while processes remain.

@@ -113,6 +113,7 @@ pub mod notify;
 pub mod probe;
 pub mod probe_client;
 pub mod procs;
+pub mod proxy;
 pub mod published;
 pub mod reaper;
 pub mod report;

@@ -194,6 +194,31 @@ fn run(args: Vec<OsString>) -> i32 {
         Ok(l) => l,
         Err(code) => return code,
     };
+    // The admission proxy's socket, bound before the spawn like the probe's.
+    // Its thread starts before the spawn too: no half-started child if it cannot.
+    let proxy = match &cfg.proxy {
+        Some(spec) => match drainit::proxy::bind(spec.listen) {
+            Ok(l) => match drainit::proxy::Proxy::start(l, *spec, cfg.proxy_health.clone()) {
+                Ok(p) => {
+                    log::info!("proxy: {} -> {}", spec.listen, spec.upstream);
+                    Some(p)
+                }
+                Err(e) => {
+                    log::error!("starting the proxy failed: {e}");
+                    return exit::INTERNAL;
+                }
+            },
+            Err(e) => {
+                log::error!(
+                    "binding the proxy address {} (--proxy) failed: {}",
+                    spec.listen,
+                    drainit::util::io_word_or_text(&e)
+                );
+                return exit::CONFIG;
+            }
+        },
+        None => None,
+    };
     // sd_notify: drainit's own service manager, and the child's socket (bound
     // before the spawn, like the probe socket).
     let systemd = Systemd::from_env().map(Rc::new);
@@ -295,8 +320,11 @@ fn run(args: Vec<OsString>) -> i32 {
                     app_ready.is_none(),
                 ));
             }
-            let supervisor =
+            let mut supervisor =
                 Driver::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
+            if let Some(p) = proxy {
+                supervisor = supervisor.with_proxy(p);
+            }
             let report = supervisor.run().await;
             report.write(report_file.as_deref());
             report.exit_code

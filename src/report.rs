@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::proxy::ledger::{Streams, Totals};
+
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 use crate::drain::{ChildExit, Outcome, Record, StepEnd, Timeline};
@@ -237,6 +239,12 @@ pub struct Report {
     pub teardown: Vec<TeardownJson>,
     /// Processes re-parented to drainit and reaped by it (not its main child).
     pub orphans_reaped: u64,
+    /// With `--proxy`: the request ledger (DESIGN §11).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Totals>,
+    /// With `--proxy`: upgraded connections (WebSocket) passed through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streams: Option<Streams>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -273,6 +281,8 @@ pub struct Facts<'a> {
     pub ledger: &'a Ledger,
     pub teardown: Vec<TeardownJson>,
     pub orphans: u64,
+    /// With `--proxy`: the request ledger and the streams now.
+    pub requests: Option<(Totals, Streams)>,
 }
 
 impl Report {
@@ -304,6 +314,8 @@ impl Report {
             unkillable: f.ledger.unkillables().to_vec(),
             teardown: f.teardown,
             orphans_reaped: f.orphans,
+            streams: f.requests.as_ref().map(|r| r.1.clone()),
+            requests: f.requests.map(|r| r.0),
         }
     }
 
@@ -324,6 +336,8 @@ impl Report {
             unkillable: Vec::new(),
             teardown: Vec::new(),
             orphans_reaped: 0,
+            requests: None,
+            streams: None,
         }
     }
 

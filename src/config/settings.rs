@@ -118,7 +118,7 @@ fn show_dur(s: &mut String, key: &str, d: Duration) {
 fn show_nothing(_: &Config, _: &mut String) {}
 
 /// Every setting, in the file's order (see the module comment).
-pub(super) static SETTINGS: [Setting; 17] = [
+pub(super) static SETTINGS: [Setting; 19] = [
     Setting {
         key: "probe_addr",
         shape: Shape::Text,
@@ -327,6 +327,40 @@ pub(super) static SETTINGS: [Setting; 17] = [
             Ok(())
         },
         show: show_nothing,
+    },
+    Setting {
+        key: "proxy",
+        shape: Shape::Text,
+        default: "",
+        millis_env: None,
+        set: |c, g| {
+            if !g.is_default() {
+                c.proxy = Some(g.one(parse_proxy)?);
+            }
+            Ok(())
+        },
+        show: |c, s| {
+            if let Some(p) = &c.proxy {
+                line(s, "proxy", q(&format!("{}={}", p.listen, p.upstream)));
+            }
+        },
+    },
+    Setting {
+        key: "proxy_health",
+        shape: Shape::Text,
+        default: "",
+        millis_env: None,
+        set: |c, g| {
+            if !g.is_default() {
+                c.proxy_health = Some(g.one(parse_proxy_health)?);
+            }
+            Ok(())
+        },
+        show: |c, s| {
+            if let Some(p) = &c.proxy_health {
+                line(s, "proxy_health", q(p));
+            }
+        },
     },
     Setting {
         key: "report_file",

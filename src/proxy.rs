@@ -1,0 +1,723 @@
+//! The admission proxy (`--proxy LISTEN=UPSTREAM`, DESIGN §11): drainit sees the
+//! app's requests, closes admission in one step at beat 3, and keeps a ledger in
+//! which every request is completed, rejected (safe to retry), unknown,
+//! abandoned or canceled.
+//!
+//! Owns: the listen socket's connections, the upstream connection pool, the
+//! [`Gate`] each request passes, and the [`ledger`]. Runs on its own thread with
+//! its own single-threaded tokio runtime, so that no amount of traffic delays
+//! signal handling, reaping, the drain's timers or the probes (the supervisor's
+//! loop stays single-threaded and never waits on the proxy). A panic in one
+//! connection ends that connection's task only (tokio catches it).
+//!
+//! The supervisor drives it through [`Proxy`]: [`Proxy::set_gate`] at each beat,
+//! [`Proxy::idle`] to learn that no request is in flight, [`Proxy::stop`] at the
+//! exit. Nothing here sends a signal or decides when the drain moves on.
+//!
+//! HTTP/1.1 with keep-alive, chunked bodies streamed both ways (nothing is
+//! buffered whole) and `Upgrade` (WebSocket) passed through; hop-by-hop headers
+//! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` is appended.
+
+pub mod ledger;
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::{Notify, watch};
+
+use crate::config::ProxySpec;
+use ledger::{Admitted, Ledger, Outcome};
+
+/// Where admission stands; only ever moves forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Gate {
+    /// Readiness has not passed yet: every request is `rejected` (503).
+    NotReady = 0,
+    /// Pass-through.
+    Ready = 1,
+    /// From T0 (beat 1): requests still pass, every response carries
+    /// `Connection: close`, the health path answers 503.
+    Closing = 2,
+    /// Beat 3: admission is closed; every new request is `rejected` (503).
+    Closed = 3,
+    /// The drain signal went to the app: idle connections are closed too.
+    Forwarded = 4,
+}
+
+impl Gate {
+    fn from_u8(v: u8) -> Gate {
+        match v {
+            0 => Gate::NotReady,
+            1 => Gate::Ready,
+            2 => Gate::Closing,
+            3 => Gate::Closed,
+            _ => Gate::Forwarded,
+        }
+    }
+}
+
+/// How long an idle pooled upstream connection is kept: shorter than the
+/// keep-alive timeouts apps commonly use (Node.js 5 s, gunicorn 2 s, nginx 75 s),
+/// so drainit closes it before the app does and never reuses one the app is
+/// closing.
+pub const UPSTREAM_IDLE: Duration = Duration::from_millis(1500);
+/// A client has this long to send a request head (slowloris).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// A rejected request's body is read up to this much (so the 503 is not lost to a
+/// TCP reset), then the connection is closed.
+pub const REJECT_BODY_MAX: usize = 64 * 1024;
+/// ... and for at most this long.
+pub const REJECT_BODY_TIME: Duration = Duration::from_secs(1);
+/// `Retry-After` of drainit's own 503s, seconds (RFC 9110 §10.2.3).
+pub const RETRY_AFTER_S: u32 = 1;
+/// Connections kept open at most; past it, new ones wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// What the proxy thread and the supervisor share. One per process, never freed.
+struct Shared {
+    gate: AtomicU8,
+    gate_tx: watch::Sender<Gate>,
+    ledger: Ledger,
+    /// Notified when no admitted request is in flight once admission is closed.
+    idle: Notify,
+    health: Option<String>,
+    upstream: SocketAddr,
+    epoch: Instant,
+    t0: OnceLock<Instant>,
+}
+
+impl Shared {
+    fn gate(&self) -> Gate {
+        Gate::from_u8(self.gate.load(Relaxed))
+    }
+
+    /// After a request settles: the supervisor may be waiting for none in flight.
+    fn settled(&self) {
+        if self.gate() >= Gate::Closed && self.ledger.in_flight() == 0 {
+            self.idle.notify_one();
+        }
+    }
+}
+
+/// The supervisor's handle on the proxy thread.
+pub struct Proxy {
+    shared: &'static Shared,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Binds the listen address (before the child starts: a taken port is a
+/// configuration error, 78).
+///
+/// # Errors
+/// The bind's error.
+pub fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
+    let l = StdListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+impl Proxy {
+    /// Starts the proxy thread on `listener` (from [`bind`]).
+    ///
+    /// # Errors
+    /// Creating the thread or its runtime failed.
+    pub fn start(
+        listener: StdListener,
+        spec: ProxySpec,
+        health: Option<String>,
+    ) -> std::io::Result<Proxy> {
+        let (gate_tx, _) = watch::channel(Gate::NotReady);
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            gate: AtomicU8::new(Gate::NotReady as u8),
+            gate_tx,
+            ledger: Ledger::default(),
+            idle: Notify::new(),
+            health,
+            upstream: spec.upstream,
+            epoch: Instant::now(),
+            t0: OnceLock::new(),
+        }));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("drainit-proxy".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => {
+                            tokio::select! {
+                                () = serve(l, shared) => {}
+                                _ = stop_rx => {}
+                            }
+                        }
+                        Err(e) => log::error!("proxy: listening failed: {e}"),
+                    }
+                });
+                // Dropping the runtime drops every connection task: what is still
+                // in flight is settled now (abandoned: `cut_all` came first).
+                drop(runtime);
+            })?;
+        Ok(Proxy {
+            shared,
+            thread: Some(thread),
+            stop_tx: Some(stop_tx),
+        })
+    }
+
+    /// Moves the gate forward (never back). At [`Gate::Closing`] the ledger
+    /// marks T0; at [`Gate::Closed`] with nothing in flight, [`Proxy::idle`]
+    /// yields at once.
+    pub fn set_gate(&self, gate: Gate) {
+        let s = self.shared;
+        let prev = Gate::from_u8(s.gate.fetch_max(gate as u8, Relaxed));
+        if gate <= prev {
+            return;
+        }
+        if gate >= Gate::Closing {
+            let _ = s.t0.set(Instant::now());
+            s.ledger.mark_t0();
+        }
+        s.gate_tx.send_replace(gate);
+        s.settled();
+    }
+
+    /// The gate now.
+    pub fn gate(&self) -> Gate {
+        self.shared.gate()
+    }
+
+    /// Yields once no admitted request is in flight after admission closed.
+    pub async fn idle(&self) {
+        loop {
+            if self.shared.gate() >= Gate::Closed && self.shared.ledger.in_flight() == 0 {
+                return;
+            }
+            self.shared.idle.notified().await;
+        }
+    }
+
+    /// The ledger (report, metrics, log lines).
+    pub fn ledger(&self) -> &'static Ledger {
+        &self.shared.ledger
+    }
+
+    /// Cuts what is in flight (`abandoned`) and stops the proxy thread: the
+    /// listener and every connection are closed. Returns when the thread has
+    /// settled every request (a few ms).
+    pub fn stop(&mut self) {
+        self.shared.ledger.cut_all();
+        if let Some(tx) = self.stop_tx.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Cuts what is in flight now (`abandoned`): the deadline came. The
+    /// connections are closed by [`Proxy::stop`] at the exit.
+    pub fn abandon(&self) -> u64 {
+        self.shared.ledger.cut_all();
+        self.shared.ledger.in_flight()
+    }
+}
+
+/// The ledger of the running proxy, for `/metrics` (`None` without `--proxy`).
+pub fn running_ledger() -> Option<&'static Ledger> {
+    RUNNING.get().copied()
+}
+
+static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
+
+async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
+    let _ = RUNNING.set(&shared.ledger);
+    let client: Client<HttpConnector, ProxyBody> = {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(UPSTREAM_IDLE)
+            .pool_timer(TokioTimer::new())
+            .retry_canceled_requests(true)
+            .build(connector)
+    };
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                log::warn!("proxy: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let client = client.clone();
+        tokio::spawn(async move {
+            connection(tcp, peer, shared, client).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One client connection: HTTP/1.1 until it closes, or until the gate says
+/// idle connections go.
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &'static Shared,
+    client: Client<HttpConnector, ProxyBody>,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let client = client.clone();
+        async move { Ok::<_, Infallible>(handle(req, peer, shared, client).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut gate = shared.gate_tx.subscribe();
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r
+                    && (e.is_parse() || e.is_parse_too_large() || e.is_timeout())
+                {
+                    shared.ledger.malformed();
+                }
+                return;
+            }
+            changed = gate.changed(), if !closing => {
+                if changed.is_err() || *gate.borrow() >= Gate::Forwarded {
+                    // Finishes the request in progress, if any; closes an idle one.
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// The response body drainit sends: its own, or the app's streamed through with
+/// the request's ledger entry, settled when the last byte went out.
+pub struct ProxyBody {
+    inner: Inner,
+    admitted: Option<Admitted<'static>>,
+    shared: Option<&'static Shared>,
+}
+
+enum Inner {
+    Local(Full<Bytes>),
+    Upstream(Incoming),
+}
+
+impl ProxyBody {
+    fn local(text: &'static str) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))),
+            admitted: None,
+            shared: None,
+        }
+    }
+
+    fn settle(&mut self, outcome: Outcome) {
+        if let Some(mut a) = self.admitted.take() {
+            a.settle(outcome);
+            drop(a);
+            if let Some(s) = self.shared {
+                s.settled();
+            }
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = match &mut this.inner {
+            Inner::Local(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
+            Inner::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        };
+        match &polled {
+            Poll::Ready(None) => this.settle(Outcome::Completed),
+            Poll::Ready(Some(Err(_))) => this.settle(Outcome::Unknown),
+            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.settle(Outcome::Completed),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Local(b) => b.is_end_stream(),
+            Inner::Upstream(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Local(b) => b.size_hint(),
+            Inner::Upstream(b) => b.size_hint(),
+        }
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        // A body hyper never had to poll (HEAD, 204, 304, empty) reached the
+        // client whole; anything else dropped early was the client going away
+        // (or drainit cutting it: the ledger knows).
+        if self.is_end_stream() {
+            self.settle(Outcome::Completed);
+        } else if let Some(a) = self.admitted.take() {
+            drop(a);
+            if let Some(s) = self.shared {
+                s.settled();
+            }
+        }
+    }
+}
+
+/// The request body sent upstream: the client's, streamed.
+type UpBody = ProxyBody;
+
+async fn handle(
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+    shared: &'static Shared,
+    client: Client<HttpConnector, UpBody>,
+) -> Response<ProxyBody> {
+    let gate = shared.gate();
+    if let Some(h) = &shared.health
+        && req.uri().path() == h
+        && matches!(*req.method(), Method::GET | Method::HEAD)
+    {
+        return health(gate);
+    }
+    shared.ledger.received();
+    if gate != Gate::Ready && gate != Gate::Closing {
+        shared.ledger.rejected();
+        let why = if gate == Gate::NotReady {
+            "not ready"
+        } else {
+            "draining"
+        };
+        drain_body(req.into_body()).await;
+        return unavailable(why, gate);
+    }
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut admitted = shared.ledger.admit(
+        req.method().as_str(),
+        req.uri().path(),
+        request_id.as_deref(),
+        shared.t0.get().copied(),
+        shared.epoch,
+    );
+    let upgrading = wants_upgrade(req.headers());
+    let version = req.version();
+    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
+
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers, upgrading);
+    append_forwarded_for(&mut parts.headers, peer);
+    parts.uri = upstream_uri(shared.upstream, &parts.uri);
+    let up_req = Request::from_parts(
+        parts,
+        ProxyBody {
+            inner: Inner::Upstream(body),
+            admitted: None,
+            shared: None,
+        },
+    );
+    let mut resp = match client.request(up_req).await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => {
+            // It never reached the app: safe to retry.
+            admitted.refused();
+            drop(admitted);
+            shared.settled();
+            log::debug!("proxy: upstream {} refused: {e}", shared.upstream);
+            return unavailable("upstream refused", shared.gate());
+        }
+        Err(e) => {
+            log::debug!("proxy: upstream failed: {e}");
+            admitted.settle(Outcome::Unknown);
+            drop(admitted);
+            shared.settled();
+            return local(
+                StatusCode::BAD_GATEWAY,
+                "502 bad gateway: the app closed the connection without a complete response\n",
+                shared.gate(),
+            );
+        }
+    };
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let app_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(tunnel(client_upgrade, app_upgrade, shared));
+        admitted.settle(Outcome::Completed);
+        drop(admitted);
+        shared.settled();
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, true);
+        return Response::from_parts(
+            parts,
+            ProxyBody {
+                inner: Inner::Upstream(body),
+                admitted: None,
+                shared: None,
+            },
+        );
+    }
+    let (mut parts, body) = resp.into_parts();
+    // The client's version, not the app's: an HTTP/1.0 app behind drainit does
+    // not turn the client's keep-alive connection into a one-shot one.
+    parts.version = version;
+    strip_hop_by_hop(&mut parts.headers, false);
+    if shared.gate() >= Gate::Closing {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    Response::from_parts(
+        parts,
+        ProxyBody {
+            inner: Inner::Upstream(body),
+            admitted: Some(admitted),
+            shared: Some(shared),
+        },
+    )
+}
+
+/// Both halves of an upgraded connection, copied until either side closes.
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    app: hyper::upgrade::OnUpgrade,
+    shared: &'static Shared,
+) {
+    let (Ok(client), Ok(app)) = (client.await, app.await) else {
+        return;
+    };
+    shared.ledger.stream_opened();
+    struct Open(&'static Shared);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.0.ledger.stream_ended(self.0.ledger.cutting());
+        }
+    }
+    let _open = Open(shared);
+    let mut client = TokioIo::new(client);
+    let mut app = TokioIo::new(app);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut app).await;
+}
+
+/// The health path: drainit's own readiness, as `/readyz` (200 only while
+/// ready; 503 before and from T0).
+fn health(gate: Gate) -> Response<ProxyBody> {
+    if gate == Gate::Ready {
+        local(StatusCode::OK, "ready\n", gate)
+    } else {
+        local(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", gate)
+    }
+}
+
+/// drainit's own 503: never reached the app, safe to retry (RFC 9110 §15.6.4,
+/// `Retry-After` §10.2.3, `Proxy-Status` RFC 9209 §2).
+fn unavailable(why: &'static str, gate: Gate) -> Response<ProxyBody> {
+    let (body, details) = match why {
+        "not ready" => ("503 not ready\n", "\"not ready\""),
+        "draining" => ("503 draining\n", "\"draining\""),
+        _ => ("503 upstream refused\n", "\"upstream refused\""),
+    };
+    let mut r = local(StatusCode::SERVICE_UNAVAILABLE, body, gate);
+    let h = r.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    let status = format!("drainit; error=destination_unavailable; details={details}");
+    if let Ok(v) = HeaderValue::from_str(&status) {
+        h.insert(HeaderName::from_static("proxy-status"), v);
+    }
+    r
+}
+
+fn local(status: StatusCode, text: &'static str, gate: Gate) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::local(text));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if gate >= Gate::Closing {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
+/// Reads a rejected request's body, bounded in size and time, so the client is
+/// not answered with a TCP reset while it still sends.
+async fn drain_body(mut body: Incoming) {
+    let read = async {
+        let mut n = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                n += d.len();
+                if n > REJECT_BODY_MAX {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REJECT_BODY_TIME, read).await;
+}
+
+fn wants_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
+}
+
+/// RFC 9110 §7.6.1: `Connection`, the fields it names, and the hop-by-hop fields
+/// (`Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`) are
+/// not forwarded; hyper frames the body itself. An upgrade keeps `Upgrade` and
+/// `Connection: upgrade`.
+fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        if !(upgrading && n == header::UPGRADE) {
+            h.remove(n);
+        }
+    }
+    for n in [
+        header::CONNECTION,
+        HeaderName::from_static("proxy-connection"),
+        HeaderName::from_static("keep-alive"),
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::TRAILER,
+    ] {
+        h.remove(n);
+    }
+    if upgrading {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        h.remove(header::UPGRADE);
+    }
+}
+
+fn append_forwarded_for(h: &mut HeaderMap, peer: SocketAddr) {
+    let ip = peer.ip().to_canonical().to_string();
+    let value = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
+        _ => ip,
+    };
+    h.remove("x-forwarded-for");
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(HeaderName::from_static("x-forwarded-for"), v);
+    }
+}
+
+fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {
+    let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    format!("http://{upstream}{pq}")
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_not_forwarded() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn an_upgrade_keeps_upgrade_and_connection_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h[header::CONNECTION], "upgrade");
+    }
+
+    #[test]
+    fn x_forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        let peer: SocketAddr = "10.0.0.7:5000".parse().unwrap();
+        append_forwarded_for(&mut h, peer);
+        assert_eq!(h["x-forwarded-for"], "10.0.0.7");
+        append_forwarded_for(&mut h, "[::ffff:10.0.0.8]:1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.7, 10.0.0.8");
+    }
+
+    #[test]
+    fn the_upstream_uri_keeps_path_and_query() {
+        let u = upstream_uri(
+            "127.0.0.1:8081".parse().unwrap(),
+            &"/a/b?x=1".parse().unwrap(),
+        );
+        assert_eq!(u.to_string(), "http://127.0.0.1:8081/a/b?x=1");
+    }
+}

@@ -1,0 +1,417 @@
+//! The request ledger (DESIGN §11): every request that reaches the proxy gets
+//! exactly one outcome, counted here.
+//!
+//! Owns: the counters, the capped list of lost requests, the request-duration
+//! histogram and the stream counters. Written by the proxy thread (one
+//! [`Admitted`] guard per admitted request settles it exactly once, on drop at
+//! the latest), read by the supervisor (the report, the beats' log lines) and by
+//! `/metrics`.
+//!
+//! Invariants, checked by [`Totals::balanced`] and the tests:
+//! `received = rejected + admitted` and
+//! `admitted = completed + unknown + abandoned + canceled + in_flight`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// How many lost requests the report names (the totals count them all).
+pub const LOST_LISTED: usize = 100;
+
+/// Upper bounds of the request-duration histogram buckets, seconds (the
+/// Prometheus client libraries' defaults).
+pub const DURATION_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// How an admitted request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The app's response (any status) reached the client whole.
+    Completed,
+    /// Sent to the app, no complete response: the app may have acted on it.
+    Unknown,
+    /// Still in flight when drainit cut it (the deadline, or drainit's exit).
+    Abandoned,
+    /// The client went away first.
+    Canceled,
+}
+
+/// A request named in the report: never its query, headers or body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lost {
+    pub outcome: Outcome,
+    pub method: String,
+    /// The path without its query.
+    pub path: String,
+    /// When the request started, ms since T0 (negative before T0; from
+    /// drainit's start when there was no T0).
+    pub start_ms: i64,
+    /// The `X-Request-Id` header, when present (at most 128 bytes kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// The ledger. One per proxy; shared between threads.
+#[derive(Default)]
+pub struct Ledger {
+    received: AtomicU64,
+    rejected: AtomicU64,
+    admitted: AtomicU64,
+    completed: AtomicU64,
+    unknown: AtomicU64,
+    abandoned: AtomicU64,
+    canceled: AtomicU64,
+    in_flight: AtomicU64,
+    malformed: AtomicU64,
+    in_flight_at_start: AtomicU64,
+    /// `unknown` + `abandoned` settled from T0 on.
+    lost_since_t0: AtomicU64,
+    t0_passed: AtomicBool,
+    /// drainit is cutting what is in flight: an unsettled request is `abandoned`.
+    cutting: AtomicBool,
+    lost: Mutex<(Vec<Lost>, u64)>,
+    /// Non-cumulative counts per bucket of [`DURATION_BUCKETS`], then `+Inf`.
+    durations: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    duration_sum_us: AtomicU64,
+    streams_opened: AtomicU64,
+    streams_completed: AtomicU64,
+    streams_closed_by_drain: AtomicU64,
+    streams_abandoned: AtomicU64,
+}
+
+/// The ledger's totals at one instant (the report's `requests`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub received: u64,
+    pub rejected: u64,
+    pub admitted: u64,
+    pub completed: u64,
+    pub unknown: u64,
+    pub abandoned: u64,
+    pub canceled: u64,
+    pub in_flight: u64,
+    /// Admitted requests in flight at T0.
+    pub in_flight_at_start: u64,
+    /// Requests hyper refused before drainit saw them (400 malformed, 431 head
+    /// too large, head read timed out): not in `received`.
+    pub malformed: u64,
+    /// The first [`LOST_LISTED`] `unknown` and `abandoned` requests.
+    pub lost: Vec<Lost>,
+    /// How many more were lost than `lost` lists.
+    pub lost_truncated: u64,
+}
+
+impl Totals {
+    /// Both invariants of the ledger hold.
+    pub fn balanced(&self) -> bool {
+        self.received == self.rejected + self.admitted
+            && self.admitted
+                == self.completed + self.unknown + self.abandoned + self.canceled + self.in_flight
+    }
+}
+
+/// The report's `streams`: upgraded connections (WebSocket) passed through.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Streams {
+    pub opened: u64,
+    pub completed: u64,
+    pub closed_by_drain: u64,
+    pub abandoned: u64,
+}
+
+/// The outcomes with their counts, for `/metrics`.
+pub type ByOutcome = [(&'static str, u64); 5];
+
+impl Ledger {
+    /// A request reached the proxy (before the gate decides).
+    pub fn received(&self) {
+        self.received.fetch_add(1, Relaxed);
+    }
+
+    /// Answered 503 by drainit itself, never sent to the app.
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Relaxed);
+    }
+
+    /// A request hyper refused before drainit saw it.
+    pub fn malformed(&self) {
+        self.malformed.fetch_add(1, Relaxed);
+    }
+
+    /// Admits a request: it is in flight until the guard settles it.
+    pub fn admit(
+        &self,
+        method: &str,
+        path: &str,
+        request_id: Option<&str>,
+        t0: Option<Instant>,
+        epoch: Instant,
+    ) -> Admitted<'_> {
+        self.admitted.fetch_add(1, Relaxed);
+        self.in_flight.fetch_add(1, Relaxed);
+        let start = Instant::now();
+        let base = t0.unwrap_or(epoch);
+        let start_ms = if start >= base {
+            start.duration_since(base).as_millis() as i64
+        } else {
+            -(base.duration_since(start).as_millis() as i64)
+        };
+        Admitted {
+            ledger: self,
+            start,
+            start_ms,
+            method: truncate(method, 16),
+            path: truncate(path, 256),
+            request_id: request_id.map(|s| truncate(s, 128)),
+            settled: false,
+        }
+    }
+
+    /// T0: the requests in flight now are `in_flight_at_start`; losses from now
+    /// on make the drain unclean.
+    pub fn mark_t0(&self) {
+        if !self.t0_passed.swap(true, Relaxed) {
+            self.in_flight_at_start
+                .store(self.in_flight.load(Relaxed), Relaxed);
+        }
+    }
+
+    /// From now on, a request dropped unsettled was cut by drainit
+    /// (`abandoned`), not by its client (`canceled`); likewise open streams.
+    pub fn cut_all(&self) {
+        self.cutting.store(true, Relaxed);
+    }
+
+    /// Whether [`Ledger::cut_all`] was called.
+    pub fn cutting(&self) -> bool {
+        self.cutting.load(Relaxed)
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Relaxed)
+    }
+
+    /// `unknown` + `abandoned` settled from T0 on.
+    pub fn lost_since_t0(&self) -> u64 {
+        self.lost_since_t0.load(Relaxed)
+    }
+
+    /// The totals now.
+    pub fn totals(&self) -> Totals {
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        Totals {
+            received: self.received.load(Relaxed),
+            rejected: self.rejected.load(Relaxed),
+            admitted: self.admitted.load(Relaxed),
+            completed: self.completed.load(Relaxed),
+            unknown: self.unknown.load(Relaxed),
+            abandoned: self.abandoned.load(Relaxed),
+            canceled: self.canceled.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+            in_flight_at_start: self.in_flight_at_start.load(Relaxed),
+            malformed: self.malformed.load(Relaxed),
+            lost: lost.0.clone(),
+            lost_truncated: lost.1,
+        }
+    }
+
+    /// The outcome counters, for `/metrics`.
+    pub fn by_outcome(&self) -> ByOutcome {
+        [
+            ("completed", self.completed.load(Relaxed)),
+            ("unknown", self.unknown.load(Relaxed)),
+            ("abandoned", self.abandoned.load(Relaxed)),
+            ("canceled", self.canceled.load(Relaxed)),
+            ("rejected", self.rejected.load(Relaxed)),
+        ]
+    }
+
+    /// The duration histogram: non-cumulative bucket counts and the sum in µs.
+    pub fn durations(&self) -> ([u64; DURATION_BUCKETS.len() + 1], u64) {
+        (
+            std::array::from_fn(|i| self.durations[i].load(Relaxed)),
+            self.duration_sum_us.load(Relaxed),
+        )
+    }
+
+    /// The stream counters now.
+    pub fn streams(&self) -> Streams {
+        Streams {
+            opened: self.streams_opened.load(Relaxed),
+            completed: self.streams_completed.load(Relaxed),
+            closed_by_drain: self.streams_closed_by_drain.load(Relaxed),
+            abandoned: self.streams_abandoned.load(Relaxed),
+        }
+    }
+
+    /// An upgraded connection was opened.
+    pub fn stream_opened(&self) {
+        self.streams_opened.fetch_add(1, Relaxed);
+    }
+
+    /// An upgraded connection ended: by itself, or cut when drainit stopped.
+    pub fn stream_ended(&self, cut: bool) {
+        let c = if cut {
+            &self.streams_abandoned
+        } else {
+            &self.streams_completed
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
+    fn settle(&self, a: &Admitted<'_>, outcome: Outcome) {
+        let took = a.start.elapsed();
+        let counter = match outcome {
+            Outcome::Completed => &self.completed,
+            Outcome::Unknown => &self.unknown,
+            Outcome::Abandoned => &self.abandoned,
+            Outcome::Canceled => &self.canceled,
+        };
+        counter.fetch_add(1, Relaxed);
+        self.in_flight.fetch_sub(1, Relaxed);
+        self.observe(took);
+        if matches!(outcome, Outcome::Unknown | Outcome::Abandoned) {
+            if self.t0_passed.load(Relaxed) {
+                self.lost_since_t0.fetch_add(1, Relaxed);
+            }
+            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            if lost.0.len() < LOST_LISTED {
+                lost.0.push(Lost {
+                    outcome,
+                    method: a.method.clone(),
+                    path: a.path.clone(),
+                    start_ms: a.start_ms,
+                    request_id: a.request_id.clone(),
+                });
+            } else {
+                lost.1 += 1;
+            }
+        }
+    }
+
+    fn observe(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.durations[i].fetch_add(1, Relaxed);
+        self.duration_sum_us
+            .fetch_add(took.as_micros() as u64, Relaxed);
+    }
+
+    /// An admitted request turned out never to have reached the app (the
+    /// upstream refused the connection): it is `rejected`, not admitted.
+    fn unadmit(&self) {
+        self.admitted.fetch_sub(1, Relaxed);
+        self.in_flight.fetch_sub(1, Relaxed);
+        self.rejected.fetch_add(1, Relaxed);
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// One admitted request, in flight until settled. Dropped unsettled, it was
+/// `canceled` (the client went away), or `abandoned` after [`Ledger::cut_all`].
+pub struct Admitted<'a> {
+    ledger: &'a Ledger,
+    start: Instant,
+    start_ms: i64,
+    method: String,
+    path: String,
+    request_id: Option<String>,
+    settled: bool,
+}
+
+impl Admitted<'_> {
+    /// Settles the request with `outcome` (once; later calls do nothing).
+    pub fn settle(&mut self, outcome: Outcome) {
+        if !std::mem::replace(&mut self.settled, true) {
+            self.ledger.settle(self, outcome);
+        }
+    }
+
+    /// The upstream refused the connection: `rejected` after all.
+    pub fn refused(&mut self) {
+        if !std::mem::replace(&mut self.settled, true) {
+            self.ledger.unadmit();
+        }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let cut = self.ledger.cutting();
+        self.settle(if cut {
+            Outcome::Abandoned
+        } else {
+            Outcome::Canceled
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_request_gets_exactly_one_outcome_and_the_equations_hold() {
+        let l = Ledger::default();
+        let epoch = Instant::now();
+        l.received();
+        l.rejected();
+        for outcome in [Outcome::Completed, Outcome::Unknown, Outcome::Completed] {
+            l.received();
+            let mut a = l.admit("GET", "/a", Some("id-1"), None, epoch);
+            a.settle(outcome);
+            a.settle(Outcome::Canceled); // once only
+        }
+        l.received();
+        drop(l.admit("GET", "/gone", None, None, epoch)); // canceled
+        l.received();
+        l.admit("POST", "/refused", None, None, epoch).refused();
+        l.received();
+        let in_flight = l.admit("PUT", "/slow", None, None, epoch);
+        l.mark_t0();
+        let t = l.totals();
+        assert!(t.balanced(), "{t:?}");
+        assert_eq!((t.completed, t.unknown, t.canceled), (2, 1, 1));
+        assert_eq!((t.rejected, t.in_flight, t.in_flight_at_start), (2, 1, 1));
+        assert_eq!(l.lost_since_t0(), 0, "the unknown came before T0");
+        l.cut_all();
+        drop(in_flight);
+        let t = l.totals();
+        assert!(t.balanced(), "{t:?}");
+        assert_eq!((t.abandoned, t.in_flight, l.lost_since_t0()), (1, 0, 1));
+        assert_eq!(t.lost.len(), 2);
+        assert_eq!(t.lost[1].path, "/slow");
+        assert_eq!(t.lost[0].request_id.as_deref(), Some("id-1"));
+        assert!(t.lost[1].start_ms <= 0, "started before T0");
+    }
+
+    #[test]
+    fn the_list_of_lost_requests_is_capped_and_the_rest_counted() {
+        let l = Ledger::default();
+        let epoch = Instant::now();
+        for _ in 0..LOST_LISTED + 7 {
+            l.received();
+            l.admit("GET", "/x", None, None, epoch)
+                .settle(Outcome::Unknown);
+        }
+        let t = l.totals();
+        assert_eq!(t.lost.len(), LOST_LISTED);
+        assert_eq!(t.lost_truncated, 7);
+        assert_eq!(t.unknown, LOST_LISTED as u64 + 7);
+    }
+}
