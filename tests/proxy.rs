@@ -624,6 +624,12 @@ fn rejects_with_503_before_ready_and_never_reaches_the_app() {
         ],
         &["--listen-after", "1000", "--ready-file", "$TMP/go"],
     );
+    // The listen socket is bound before the app starts.
+    assert!(
+        wait_until(secs(10), || !px.logged("start").is_empty()),
+        "{}",
+        px.ctx()
+    );
     let mut rejected = 0;
     // Before the app listens.
     let resp = get(px.port, "/ok");
@@ -972,9 +978,12 @@ fn a_client_that_goes_away_mid_request_is_canceled() {
         px.ctx()
     );
     drop(c);
-    // The app finishes its side; the proxy has nobody to answer.
+    // The app finishes its side (or finds the upstream connection closed); the
+    // proxy has nobody to answer.
     assert!(
-        wait_until(secs(5), || !px.logged("done GET /slow").is_empty()),
+        wait_until(secs(5), || {
+            !px.logged("done GET /slow").is_empty() || !px.logged("broken GET /slow").is_empty()
+        }),
         "{}",
         px.ctx()
     );
@@ -1120,6 +1129,9 @@ fn a_websocket_is_echoed_through_the_proxy_and_counted_as_a_stream() {
         c.closed(),
         "the stream did not end after the close handshake"
     );
+    // The client closes its side too, as RFC 6455 §7.1.1 has it.
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
