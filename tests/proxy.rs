@@ -427,17 +427,6 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
         "sequential requests did not reuse the upstream connection: {recv:?}"
     );
     drop(c);
-    // /metrics counts them by outcome.
-    let (st, _, metrics) = http(px.probe, "/metrics", "GET");
-    assert_eq!(st, 200);
-    let completed = metrics.lines().find(|l| {
-        l.starts_with("drainit_proxy_requests_total{") && l.contains("outcome=\"completed\"")
-    });
-    assert_eq!(
-        completed.and_then(|l| l.split_whitespace().last()),
-        Some("4"),
-        "{metrics}"
-    );
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(text(&rep, "reason"), "drained");
@@ -868,60 +857,73 @@ fn the_drain_signal_waits_for_the_request_in_flight_as_subreaper_and_as_pid_1() 
     }
 }
 
+/// The deadline comes with a request inside a naive app: abandoned, named (no
+/// query), exit 2; as a subreaper and as PID 1.
 #[test]
 fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &[
-            "--ready-tcp",
-            "127.0.0.1:{app}",
-            "--pre-drain-delay",
-            "0s",
-            "--drain-timeout",
-            "1s",
-        ],
-        &["--mode", "naive"],
-    );
-    px.wait_ready();
-    let port = px.port;
-    let slow = std::thread::spawn(move || {
-        let mut s = Conn::open(port);
-        s.get("/slow?ms=8000&secret=1", &[("X-Request-Id", "req-42")])
-            .map(|r| r.status)
-    });
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
-    let (code, rep) = px.stop(secs(6));
-    assert_eq!(code, 2, "{}", px.ctx());
-    assert_eq!(text(&rep, "reason"), "abandoned", "{rep}");
-    assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 1, 0, 0, 0], "{rep}");
-    let lost = rep["requests"]["lost"].as_array().unwrap();
-    assert_eq!(lost.len(), 1, "{rep}");
-    let l = &lost[0];
-    assert_eq!(
-        (
-            text(l, "outcome"),
-            text(l, "method"),
-            text(l, "path"),
-            text(l, "request_id")
-        ),
-        ("abandoned", "GET", "/slow", "req-42"),
-        "{l}"
-    );
-    assert!(
-        l["start_ms"].as_i64().unwrap() <= 0,
-        "started before T0: {l}"
-    );
-    assert!(
-        !rep.to_string().contains("secret"),
-        "the query reached the report: {rep}"
-    );
-    // The client is not left hanging.
-    let got = slow.join().unwrap();
-    assert!(!matches!(got, Ok(200)), "{got:?}");
+    for mode in BOTH {
+        let mut px = start_px(
+            mode,
+            &[
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+                "--pre-drain-delay",
+                "0s",
+                "--drain-timeout",
+                "1s",
+            ],
+            &["--mode", "naive"],
+        );
+        px.wait_ready();
+        let port = px.port;
+        let slow = std::thread::spawn(move || {
+            let mut s = Conn::open(port);
+            s.get("/slow?ms=8000&secret=1", &[("X-Request-Id", "req-42")])
+                .map(|r| r.status)
+        });
+        assert!(
+            wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+            "{mode:?}{}",
+            px.ctx()
+        );
+        let (code, rep) = px.stop(secs(6));
+        assert_eq!(code, 2, "{mode:?}{}", px.ctx());
+        assert_eq!(text(&rep, "reason"), "abandoned", "{rep}");
+        let lost: Vec<_> = rep["requests"]["lost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    text(l, "outcome").to_string(),
+                    text(l, "method").to_string(),
+                    text(l, "path").to_string(),
+                    l["request_id"].as_str().map(String::from),
+                    // started before T0
+                    l["start_ms"].as_i64().is_some_and(|ms| ms <= 0),
+                )
+            })
+            .collect();
+        let want = (
+            "abandoned".to_string(),
+            "GET".to_string(),
+            "/slow".to_string(),
+            Some("req-42".to_string()),
+            true,
+        );
+        assert_eq!(
+            (counts(&rep), lost),
+            ([1, 0, 1, 0, 0, 1, 0, 0, 0], vec![want]),
+            "{mode:?}: {rep}"
+        );
+        assert!(
+            !rep.to_string().contains("secret"),
+            "the query reached the report: {rep}"
+        );
+        // The client is not left hanging.
+        let got = slow.join().unwrap();
+        assert!(!matches!(got, Ok(200)), "{got:?}");
+    }
 }
 
 #[test]
@@ -991,6 +993,41 @@ fn a_client_that_goes_away_mid_request_is_canceled() {
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 0, 1, 0, 0], "{rep}");
+}
+
+#[test]
+fn metrics_count_proxy_requests_by_outcome() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    assert_eq!(get(px.port, "/ok").status, 200);
+    assert_eq!(get(px.port, "/ok").status, 200);
+    assert_eq!(get(px.port, "/cut").status, 502);
+    let (st, _, metrics) = http(px.probe, "/metrics", "GET");
+    assert_eq!(st, 200);
+    let value = |name: &str, label: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(label))
+            .and_then(|l| l.split_whitespace().last())
+            .map(String::from)
+    };
+    let got = [
+        value("drainit_proxy_requests_total{", "outcome=\"completed\""),
+        value("drainit_proxy_requests_total{", "outcome=\"unknown\""),
+        value("drainit_proxy_requests_in_flight", ""),
+        value("drainit_proxy_request_duration_seconds_count", ""),
+    ];
+    let want = ["2", "1", "0", "3"].map(|v| Some(v.to_string()));
+    assert_eq!(
+        got, want,
+        "completed, unknown, in flight, durations:\n{metrics}"
+    );
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
 }
 
 // ---------------------------------------------------------------- bad clients
