@@ -288,7 +288,99 @@ pub fn render(view: &View) -> String {
             "drainit_probe_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
         );
     }
+    if let Some(ledger) = crate::proxy::running_ledger() {
+        render_proxy(&mut out, ledger);
+    }
     out
+}
+
+/// With `--proxy`: the request ledger (DESIGN §11, §12).
+///
+/// | metric | type | labels |
+/// |---|---|---|
+/// | `drainit_proxy_requests_total` | counter | `outcome`: completed, unknown, abandoned, canceled, rejected |
+/// | `drainit_proxy_requests_in_flight` | gauge | |
+/// | `drainit_proxy_malformed_total` | counter | |
+/// | `drainit_proxy_request_duration_seconds` | histogram | |
+/// | `drainit_proxy_streams_total` | counter | `event`: opened, completed, closed_by_drain, abandoned |
+fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
+    use crate::proxy::ledger::DURATION_BUCKETS;
+    head(
+        out,
+        "drainit_proxy_requests_total",
+        "counter",
+        "Requests through the admission proxy by outcome (rejected: answered 503 by drainit, never sent to the app).",
+    );
+    for (outcome, n) in ledger.by_outcome() {
+        let _ = writeln!(
+            out,
+            "drainit_proxy_requests_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    head(
+        out,
+        "drainit_proxy_requests_in_flight",
+        "gauge",
+        "Admitted requests not yet settled.",
+    );
+    let _ = writeln!(
+        out,
+        "drainit_proxy_requests_in_flight {}",
+        ledger.in_flight()
+    );
+    head(
+        out,
+        "drainit_proxy_malformed_total",
+        "counter",
+        "Requests refused before drainit read them (400 malformed, 431 head too large, head timeout).",
+    );
+    let _ = writeln!(
+        out,
+        "drainit_proxy_malformed_total {}",
+        ledger.malformed_count()
+    );
+    head(
+        out,
+        "drainit_proxy_request_duration_seconds",
+        "histogram",
+        "From admission to the last byte of the response (or the request's end), seconds.",
+    );
+    let (buckets, sum_us) = ledger.durations();
+    let mut cumulative = 0;
+    for (i, n) in buckets.iter().enumerate() {
+        cumulative += n;
+        let le = DURATION_BUCKETS
+            .get(i)
+            .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+        let _ = writeln!(
+            out,
+            "drainit_proxy_request_duration_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "drainit_proxy_request_duration_seconds_sum {}",
+        sum_us as f64 / 1e6
+    );
+    let _ = writeln!(
+        out,
+        "drainit_proxy_request_duration_seconds_count {cumulative}"
+    );
+    head(
+        out,
+        "drainit_proxy_streams_total",
+        "counter",
+        "Upgraded connections (WebSocket) through the proxy: opened, and how each ended.",
+    );
+    let st = ledger.streams();
+    for (event, n) in [
+        ("opened", st.opened),
+        ("completed", st.completed),
+        ("closed_by_drain", st.closed_by_drain),
+        ("abandoned", st.abandoned),
+    ] {
+        let _ = writeln!(out, "drainit_proxy_streams_total{{event=\"{event}\"}} {n}");
+    }
 }
 
 fn head(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -96,8 +96,6 @@ struct Shared {
     idle: Notify,
     health: Option<String>,
     upstream: SocketAddr,
-    epoch: Instant,
-    t0: OnceLock<Instant>,
 }
 
 impl Shared {
@@ -149,9 +147,8 @@ impl Proxy {
             idle: Notify::new(),
             health,
             upstream: spec.upstream,
-            epoch: Instant::now(),
-            t0: OnceLock::new(),
         }));
+        shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -192,7 +189,6 @@ impl Proxy {
             return;
         }
         if gate >= Gate::Closing {
-            let _ = s.t0.set(Instant::now());
             s.ledger.mark_t0();
         }
         s.gate_tx.send_replace(gate);
@@ -423,6 +419,9 @@ async fn handle(
         && req.uri().path() == h
         && matches!(*req.method(), Method::GET | Method::HEAD)
     {
+        // Something routes by drainit's readiness: the default pre-drain delay
+        // applies (DESIGN §2), as for `/readyz`.
+        crate::published::note_readyz_asked();
         return health(gate);
     }
     shared.ledger.received();
@@ -445,8 +444,6 @@ async fn handle(
         req.method().as_str(),
         req.uri().path(),
         request_id.as_deref(),
-        shared.t0.get().copied(),
-        shared.epoch,
     );
     let upgrading = wants_upgrade(req.headers());
     let version = req.version();

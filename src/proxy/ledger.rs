@@ -47,9 +47,11 @@ pub struct Lost {
     pub method: String,
     /// The path without its query.
     pub path: String,
-    /// When the request started, ms since T0 (negative before T0; from
-    /// drainit's start when there was no T0).
+    /// When the request started, ms since T0 (negative before T0; since the
+    /// proxy started when there was no T0).
     pub start_ms: i64,
+    #[serde(skip)]
+    start: Instant,
     /// The `X-Request-Id` header, when present (at most 128 bytes kept).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
@@ -71,6 +73,9 @@ pub struct Ledger {
     /// `unknown` + `abandoned` settled from T0 on.
     lost_since_t0: AtomicU64,
     t0_passed: AtomicBool,
+    /// T0, once passed; the proxy's start before.
+    t0: std::sync::OnceLock<Instant>,
+    epoch: std::sync::OnceLock<Instant>,
     /// drainit is cutting what is in flight: an unsettled request is `abandoned`.
     cutting: AtomicBool,
     lost: Mutex<(Vec<Lost>, u64)>,
@@ -143,27 +148,12 @@ impl Ledger {
     }
 
     /// Admits a request: it is in flight until the guard settles it.
-    pub fn admit(
-        &self,
-        method: &str,
-        path: &str,
-        request_id: Option<&str>,
-        t0: Option<Instant>,
-        epoch: Instant,
-    ) -> Admitted<'_> {
+    pub fn admit(&self, method: &str, path: &str, request_id: Option<&str>) -> Admitted<'_> {
         self.admitted.fetch_add(1, Relaxed);
         self.in_flight.fetch_add(1, Relaxed);
-        let start = Instant::now();
-        let base = t0.unwrap_or(epoch);
-        let start_ms = if start >= base {
-            start.duration_since(base).as_millis() as i64
-        } else {
-            -(base.duration_since(start).as_millis() as i64)
-        };
         Admitted {
             ledger: self,
-            start,
-            start_ms,
+            start: Instant::now(),
             method: truncate(method, 16),
             path: truncate(path, 256),
             request_id: request_id.map(|s| truncate(s, 128)),
@@ -174,6 +164,7 @@ impl Ledger {
     /// T0: the requests in flight now are `in_flight_at_start`; losses from now
     /// on make the drain unclean.
     pub fn mark_t0(&self) {
+        let _ = self.t0.set(Instant::now());
         if !self.t0_passed.swap(true, Relaxed) {
             self.in_flight_at_start
                 .store(self.in_flight.load(Relaxed), Relaxed);
@@ -191,6 +182,11 @@ impl Ledger {
         self.cutting.load(Relaxed)
     }
 
+    /// Requests hyper refused before drainit read them.
+    pub fn malformed_count(&self) -> u64 {
+        self.malformed.load(Relaxed)
+    }
+
     /// Requests in flight now.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
@@ -204,6 +200,27 @@ impl Ledger {
     /// The totals now.
     pub fn totals(&self) -> Totals {
         let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let base = self
+            .t0
+            .get()
+            .or(self.epoch.get())
+            .copied()
+            .unwrap_or_else(Instant::now);
+        let since = |start: Instant| {
+            if start >= base {
+                start.duration_since(base).as_millis() as i64
+            } else {
+                -(base.duration_since(start).as_millis() as i64)
+            }
+        };
+        let listed = lost
+            .0
+            .iter()
+            .map(|l| Lost {
+                start_ms: since(l.start),
+                ..l.clone()
+            })
+            .collect();
         Totals {
             received: self.received.load(Relaxed),
             rejected: self.rejected.load(Relaxed),
@@ -215,7 +232,7 @@ impl Ledger {
             in_flight: self.in_flight.load(Relaxed),
             in_flight_at_start: self.in_flight_at_start.load(Relaxed),
             malformed: self.malformed.load(Relaxed),
-            lost: lost.0.clone(),
+            lost: listed,
             lost_truncated: lost.1,
         }
     }
@@ -264,7 +281,19 @@ impl Ledger {
         c.fetch_add(1, Relaxed);
     }
 
+    /// The instant `start_ms` counts from while there is no T0 (the proxy's
+    /// start).
+    pub fn set_epoch(&self, at: Instant) {
+        let _ = self.epoch.set(at);
+    }
+
     fn settle(&self, a: &Admitted<'_>, outcome: Outcome) {
+        // Once drainit cuts what is in flight (the deadline's SIGKILL follows),
+        // a request the app could not finish was cut by drainit.
+        let outcome = match outcome {
+            Outcome::Unknown | Outcome::Canceled if self.cutting() => Outcome::Abandoned,
+            o => o,
+        };
         let took = a.start.elapsed();
         let counter = match outcome {
             Outcome::Completed => &self.completed,
@@ -285,7 +314,8 @@ impl Ledger {
                     outcome,
                     method: a.method.clone(),
                     path: a.path.clone(),
-                    start_ms: a.start_ms,
+                    start_ms: 0,
+                    start: a.start,
                     request_id: a.request_id.clone(),
                 });
             } else {
@@ -327,7 +357,6 @@ fn truncate(s: &str, max: usize) -> String {
 pub struct Admitted<'a> {
     ledger: &'a Ledger,
     start: Instant,
-    start_ms: i64,
     method: String,
     path: String,
     request_id: Option<String>,
@@ -368,21 +397,20 @@ mod tests {
     #[test]
     fn every_request_gets_exactly_one_outcome_and_the_equations_hold() {
         let l = Ledger::default();
-        let epoch = Instant::now();
         l.received();
         l.rejected();
         for outcome in [Outcome::Completed, Outcome::Unknown, Outcome::Completed] {
             l.received();
-            let mut a = l.admit("GET", "/a", Some("id-1"), None, epoch);
+            let mut a = l.admit("GET", "/a", Some("id-1"));
             a.settle(outcome);
             a.settle(Outcome::Canceled); // once only
         }
         l.received();
-        drop(l.admit("GET", "/gone", None, None, epoch)); // canceled
+        drop(l.admit("GET", "/gone", None)); // canceled
         l.received();
-        l.admit("POST", "/refused", None, None, epoch).refused();
+        l.admit("POST", "/refused", None).refused();
         l.received();
-        let in_flight = l.admit("PUT", "/slow", None, None, epoch);
+        let in_flight = l.admit("PUT", "/slow", None);
         l.mark_t0();
         let t = l.totals();
         assert!(t.balanced(), "{t:?}");
@@ -403,11 +431,9 @@ mod tests {
     #[test]
     fn the_list_of_lost_requests_is_capped_and_the_rest_counted() {
         let l = Ledger::default();
-        let epoch = Instant::now();
         for _ in 0..LOST_LISTED + 7 {
             l.received();
-            l.admit("GET", "/x", None, None, epoch)
-                .settle(Outcome::Unknown);
+            l.admit("GET", "/x", None).settle(Outcome::Unknown);
         }
         let t = l.totals();
         assert_eq!(t.lost.len(), LOST_LISTED);
