@@ -1030,6 +1030,68 @@ fn metrics_count_proxy_requests_by_outcome() {
     assert_eq!(code, 0, "{}", px.ctx());
 }
 
+/// A client that leaves in the middle of its request body went away first: the
+/// request is `canceled`, not lost, and a drain it happens in stays clean.
+#[test]
+fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    px.r.signal(libc::SIGTERM);
+    let mut c = px.conn();
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100000\r\n\r\nabc")
+        .unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv POST /upload").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    drop(c);
+    assert!(
+        now_ms() < px.r.t0 + 900,
+        "the machine is too slow for the 1 s delay"
+    );
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(
+        (code, counts(&rep)),
+        (0, [1, 0, 1, 0, 0, 0, 1, 0, 0]),
+        "{rep}{}",
+        px.ctx()
+    );
+}
+
+/// `OPTIONS *` (asterisk-form, RFC 9112 §3.2.4) is a request for the app like
+/// any other, not an upstream refusal.
+#[test]
+fn an_asterisk_form_options_request_reaches_the_app() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("OPTIONS", "*", &[], None).unwrap();
+    let resp = c.response(false).unwrap();
+    // proxyapp has no OPTIONS handler: Python's http.server answers 501.
+    assert_eq!(resp.status, 501, "{resp:?}{}", px.ctx());
+    assert_eq!(px.logged("recv OPTIONS *").len(), 1, "{}", px.ctx());
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..4], [1, 0, 1, 1], "{rep}");
+}
+
 // ---------------------------------------------------------------- bad clients
 
 #[test]
