@@ -1092,6 +1092,61 @@ fn an_asterisk_form_options_request_reaches_the_app() {
     assert_eq!(counts(&rep)[..4], [1, 0, 1, 1], "{rep}");
 }
 
+#[test]
+fn the_list_of_lost_requests_is_capped_at_100() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    for _ in 0..105 {
+        assert_eq!(get(px.port, "/cut").status, 502);
+    }
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    let q = &rep["requests"];
+    assert_eq!(
+        (
+            num(q, "unknown"),
+            q["lost"].as_array().unwrap().len(),
+            num(q, "lost_truncated")
+        ),
+        (105, 100, 5),
+        "{rep}"
+    );
+}
+
+/// A keep-alive connection idle across the whole drain neither holds the drain
+/// open nor is left hanging: drainit closes it once the app was signalled.
+#[test]
+fn an_idle_keep_alive_connection_is_closed_at_the_forward_and_does_not_hold_the_drain() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "200ms",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut idle = px.conn();
+    assert_eq!(idle.get("/ok", &[]).unwrap().status, 200);
+    px.r.signal(libc::SIGTERM);
+    let (code, elapsed) = px.r.wait(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        elapsed < 3000,
+        "an idle connection held the drain for {elapsed} ms"
+    );
+    assert!(idle.closed(), "the idle connection was left open");
+    ledger(&px.r.report());
+}
+
 // ---------------------------------------------------------------- bad clients
 
 #[test]
