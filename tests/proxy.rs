@@ -1338,6 +1338,7 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
         "127.0.0.1:8080=",
         "127.0.0.1:x=127.0.0.1:8081",
         "127.0.0.1:8080=127.0.0.1:99999",
+        "127.0.0.1:8080=127.0.0.1:8080",
     ] {
         let mut args = vec![OFF, "--proxy", bad];
         args.extend(touch);
@@ -1359,6 +1360,56 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
             "DRAINIT_PROXY={bad:?}: {}",
             r.stderr_text()
         );
+        let cfg = tmp.join("drainit.toml");
+        std::fs::write(&cfg, format!("proxy = {bad:?}\n")).unwrap();
+        let mut args = vec![OFF, "--config", cfg.to_str().unwrap()];
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, &[], &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, 78, "proxy = {bad:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains("`proxy`"),
+            "proxy = {bad:?}: {}",
+            r.stderr_text()
+        );
         assert!(!started.exists(), "started on {bad:?}");
+    }
+    // The health path: a path, and only with --proxy.
+    let proxy = "127.0.0.1:8080=127.0.0.1:8081";
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, &'a str);
+    let cases: [Case; 4] = [
+        (
+            &["--proxy", proxy, "--proxy-health", "health"],
+            &[],
+            64,
+            "--proxy-health",
+        ),
+        (
+            &["--proxy", proxy, "--proxy-health", "/h?x=1"],
+            &[],
+            64,
+            "--proxy-health",
+        ),
+        (&["--proxy-health", "/health"], &[], 64, "--proxy"),
+        (
+            &["--proxy", proxy],
+            &[("DRAINIT_PROXY_HEALTH", "x")],
+            78,
+            "DRAINIT_PROXY_HEALTH",
+        ),
+    ];
+    for (flags, env, want, needle) in cases {
+        let mut args = vec![OFF];
+        args.extend(flags);
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, env, &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, want, "{flags:?} {env:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains(needle),
+            "{flags:?}: {}",
+            r.stderr_text()
+        );
+        assert!(!started.exists(), "started on {flags:?} {env:?}");
     }
 }
