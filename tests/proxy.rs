@@ -279,7 +279,8 @@ impl Conn {
         while self.buf.len() < n {
             self.fill()?;
         }
-        Ok(self.buf.drain(..n).collect())
+        let rest = self.buf.split_off(n);
+        Ok(std::mem::replace(&mut self.buf, rest))
     }
 
     /// Status and head of the next response.
@@ -585,6 +586,58 @@ fn streams_a_256_mib_chunked_upload_without_growing() {
     );
     let peak = peak.load(Ordering::Relaxed);
     eprintln!("256 MiB upload: {took:?}, drainit VmRSS {base} kB before, peak {peak} kB");
+    assert!(
+        peak < 20 * 1024 && peak - base < 8 * 1024,
+        "drainit grew with the body: VmRSS {base} kB -> peak {peak} kB"
+    );
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
+}
+
+#[test]
+fn streams_a_256_mib_chunked_download_to_a_slow_reader_without_growing() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let pid = px.r.pid;
+    let base = rss_kb(pid);
+    let mut peak = base;
+    let mut c = px.conn();
+    c.request("GET", "/big?mb=256", &[], None).unwrap();
+    let (status, _) = c.head().unwrap();
+    assert_eq!(status, 200);
+    let mut got = 0usize;
+    let mut paused = false;
+    let started = Instant::now();
+    loop {
+        let ch = c
+            .chunk()
+            .unwrap_or_else(|e| panic!("download cut after {got} bytes: {e}{}", px.ctx()));
+        if ch.is_empty() {
+            break;
+        }
+        got += ch.len();
+        if !paused && got >= 1 << 20 {
+            // A reader that stops: the app keeps writing; drainit must not absorb it.
+            paused = true;
+            for _ in 0..50 {
+                std::thread::sleep(Duration::from_millis(10));
+                peak = peak.max(rss_kb(pid));
+            }
+        }
+        if got % (8 << 20) < ch.len() {
+            peak = peak.max(rss_kb(pid));
+        }
+    }
+    let took = started.elapsed();
+    assert_eq!(got, 256 << 20, "the client did not get the whole body");
+    eprintln!("256 MiB download: {took:?}, drainit VmRSS {base} kB before, peak {peak} kB");
     assert!(
         peak < 20 * 1024 && peak - base < 8 * 1024,
         "drainit grew with the body: VmRSS {base} kB -> peak {peak} kB"
@@ -1090,6 +1143,85 @@ fn an_asterisk_form_options_request_reaches_the_app() {
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(counts(&rep)[..4], [1, 0, 1, 1], "{rep}");
+}
+
+/// Six keep-alive clients flood the proxy across a drain: `/readyz` still flips at
+/// once, every request a client sent is answered (200, or drainit's 503 once
+/// admission closed, never a reset), and the ledger counts exactly what the
+/// clients got.
+#[test]
+fn under_a_flood_the_drain_loses_nothing_and_the_ledger_matches_the_clients() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    // Each client: (200s, 503s, failures); it stops at its first 503.
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut ok, mut rejected, mut failed) = (0u32, 0u32, Vec::new());
+                let end = Instant::now() + secs(10);
+                let mut c = Conn::open(port);
+                while Instant::now() < end {
+                    match c.get("/ok", &[]) {
+                        Ok(r) if r.status == 200 => {
+                            ok += 1;
+                            if r.closes() {
+                                c = Conn::open(port);
+                            }
+                        }
+                        Ok(r) if r.status == 503 => {
+                            rejected += 1;
+                            break;
+                        }
+                        Ok(r) => failed.push(format!("status {}", r.status)),
+                        Err(e) => {
+                            failed.push(e.to_string());
+                            break;
+                        }
+                    }
+                }
+                (ok, rejected, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    px.r.signal(libc::SIGTERM);
+    let sent = Instant::now();
+    let flipped = wait_for(secs(3), || {
+        (http(px.probe, "/readyz", "GET").0 == 503).then(|| sent.elapsed())
+    })
+    .expect("/readyz never failed");
+    let (mut ok, mut rejected) = (0, 0);
+    for c in clients {
+        let (o, r, failed) = c.join().unwrap();
+        assert!(failed.is_empty(), "a client saw {failed:?}{}", px.ctx());
+        assert_eq!(r, 1, "a client never got the 503 of a closed admission");
+        ok += o as i64;
+        rejected += r as i64;
+    }
+    let (code, rep) = px.finish(secs(8));
+    eprintln!("flood: {ok} requests served, /readyz failed {flipped:?} after SIGTERM");
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        flipped < Duration::from_millis(500),
+        "/readyz flipped {flipped:?} after SIGTERM under load (DESIGN: 100 ms)"
+    );
+    assert_eq!(
+        counts(&rep),
+        [ok + rejected, rejected, ok, ok, 0, 0, 0, 0, 0],
+        "{rep}"
+    );
 }
 
 #[test]
