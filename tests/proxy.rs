@@ -751,8 +751,11 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     let mut c = px.conn();
     c.request("HEAD", "/health", &[], None).unwrap();
     assert_eq!(c.response(true).unwrap().status, 200);
-    // A neighbour path is the app's.
+    // A neighbour path, and another method, are the app's.
     assert_eq!(get(px.port, "/health/x").status, 404);
+    c.request("POST", "/health", &[], Some(b"x")).unwrap();
+    assert_eq!(c.response(false).unwrap().status, 404);
+    assert_eq!(px.logged("recv POST /health").len(), 1, "{}", px.ctx());
     drop(c);
     px.r.signal(libc::SIGTERM);
     // From T0, inside the pre-drain delay: 503, while the app still serves.
@@ -766,12 +769,14 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert!(
-        px.log().lines().all(|l| !l.contains("/health ")),
+        px.log()
+            .lines()
+            .all(|l| !l.contains("GET /health ") && !l.contains("HEAD /health ")),
         "the health path reached the app{}",
         px.ctx()
     );
-    // Only /health/x and /ok are counted.
-    assert_eq!(counts(&rep)[..4], [2, 0, 2, 2], "{rep}");
+    // Only /health/x, POST /health and /ok are counted.
+    assert_eq!(counts(&rep)[..4], [3, 0, 3, 3], "{rep}");
 }
 
 /// The beats with a 1 s pre-drain delay and one slow request keeping the drain
@@ -970,8 +975,9 @@ fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
             "{mode:?}: {rep}"
         );
         assert!(
-            !rep.to_string().contains("secret"),
-            "the query reached the report: {rep}"
+            !px.r.stderr_text().contains("secret"),
+            "the query reached drainit's log or report:\n{}",
+            px.r.stderr_text()
         );
         // The client is not left hanging.
         let got = slow.join().unwrap();
