@@ -779,6 +779,94 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     assert_eq!(counts(&rep)[..4], [3, 0, 3, 3], "{rep}");
 }
 
+/// The health path answers as `/readyz` does (README, DESIGN §11): once ready,
+/// a check that fails again makes `/readyz` 503 `degraded`, and the health path
+/// with it, while requests still pass.
+#[test]
+fn the_health_path_fails_when_readyz_says_degraded() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--proxy-health",
+            "/health",
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--ready-interval",
+            "50ms",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--mode", "graceful", "--ready-file", "$TMP/go"],
+    );
+    std::fs::write(px.r.path("go"), "").unwrap();
+    px.wait_ready();
+    assert_eq!(get(px.port, "/health").status, 200);
+    std::fs::remove_file(px.r.path("go")).unwrap();
+    let (st, _, body) = http(px.probe, "/readyz", "GET");
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("degraded"), "{body}");
+    let h = get(px.port, "/health");
+    assert_eq!(
+        h.status, 503,
+        "/readyz says degraded, the health path {h:?}"
+    );
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
+/// A second drain signal cuts the wait for the requests in flight short (README):
+/// the app is signalled at once, and a naive app dies with the request inside.
+#[test]
+fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    let slow = std::thread::spawn(move || {
+        let mut s = Conn::open(port);
+        s.get("/slow?ms=5000", &[]).map(|r| r.status)
+    });
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        px.logged("signal TERM").is_empty(),
+        "forwarded with a request in flight"
+    );
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(4));
+    assert!(
+        !px.logged("signal TERM").is_empty(),
+        "the second signal was not forwarded{}",
+        px.ctx()
+    );
+    // The request died in the app after T0: lost, and the drain is not clean.
+    assert_eq!(code, 2, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 0, "{rep}");
+    assert_eq!(
+        num(&rep, "requests.unknown") + num(&rep, "requests.abandoned"),
+        1,
+        "{rep}"
+    );
+    let got = slow.join().unwrap();
+    assert!(!matches!(got, Ok(200)), "{got:?}");
+}
+
 /// The beats with a 1 s pre-drain delay and one slow request keeping the drain
 /// open: `Connection: close` from T0; from T0 + delay a local 503 for a new
 /// connection (with a body, read first) and for an idle keep-alive connection
