@@ -484,6 +484,16 @@ fn adds_x_forwarded_for_and_drops_hop_by_hop_headers() {
         "the client's Connection header was forwarded: {got:?}"
     );
     // Appended to what the client sent: "10.1.2.3, 127.0.0.1" (one header or two).
+    // An HTTP/1.0 client gets an HTTP/1.0 response.
+    let mut c10 = px.conn();
+    c10.send(b"GET /ok HTTP/1.0\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    let _ = c10.s.read_to_end(&mut raw);
+    assert!(
+        raw.starts_with(b"HTTP/1.0 200"),
+        "{}",
+        String::from_utf8_lossy(&raw[..raw.len().min(200)])
+    );
     let xff = get("x-forwarded-for").join(", ");
     let hops: Vec<&str> = xff.split(',').map(str::trim).collect();
     assert_eq!(hops, ["10.1.2.3", "127.0.0.1"], "{got:?}");
@@ -865,6 +875,69 @@ fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
     );
     let got = slow.join().unwrap();
     assert!(!matches!(got, Ok(200)), "{got:?}");
+}
+
+/// Once the app was signalled, the proxy port still answers (drainit's 503) until
+/// drainit exits, rather than refusing connections.
+#[test]
+fn after_the_forward_the_proxy_port_answers_503_until_the_exit() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful", "--exit-delay", "1500"],
+    );
+    px.wait_ready();
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || !px.logged("signal TERM").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let resp = get(px.port, "/ok");
+    assert_draining_503(&resp, "after the forward");
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [1, 1, 0], "{rep}");
+}
+
+/// Being asked for the health path makes the default pre-drain delay apply, as
+/// `/readyz` does; not being asked leaves it 0 (outside Kubernetes).
+#[test]
+fn asking_the_health_path_makes_the_default_pre_drain_delay_apply() {
+    for ask in [false, true] {
+        let mut px = start_px(
+            Mode::Subreaper,
+            &[
+                "--proxy-health",
+                "/health",
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+            ],
+            &["--mode", "graceful"],
+        );
+        // Ready, without asking /readyz (which would make the delay apply itself).
+        assert!(
+            wait_until(secs(10), || get(px.port, "/ok").status == 200),
+            "{}",
+            px.ctx()
+        );
+        if ask {
+            assert_eq!(get(px.port, "/health").status, 200);
+        }
+        px.r.signal(libc::SIGTERM);
+        if ask {
+            // A second signal cuts the 5 s wait short, not the figure.
+            std::thread::sleep(Duration::from_millis(200));
+            px.r.signal(libc::SIGTERM);
+        }
+        let (code, rep) = px.finish(secs(8));
+        assert_eq!(code, 0, "{}", px.ctx());
+        assert_eq!(
+            num(&rep, "drain.pre_drain_delay_ms"),
+            if ask { 5000 } else { 0 },
+            "asked the health path: {ask}: {rep}"
+        );
+    }
 }
 
 /// The beats with a 1 s pre-drain delay and one slow request keeping the drain
