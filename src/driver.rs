@@ -703,8 +703,10 @@ impl Driver {
             }
             Action::AbandonRequests => {
                 if let Some(p) = &self.proxy {
-                    let n = p.abandon();
-                    log::warn!("deadline: {n} request(s) still in flight are abandoned");
+                    let (n, streams) = p.abandon();
+                    log::warn!(
+                        "deadline: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
+                    );
                 }
             }
             Action::SignalRemaining(sig) => {

@@ -198,7 +198,12 @@ fn run(args: Vec<OsString>) -> i32 {
     // Its thread starts before the spawn too: no half-started child if it cannot.
     let proxy = match &cfg.proxy {
         Some(spec) => match drainit::proxy::bind(spec.listen) {
-            Ok(l) => match drainit::proxy::Proxy::start(l, *spec, cfg.proxy_health.clone()) {
+            Ok(l) => match drainit::proxy::Proxy::start(
+                l,
+                *spec,
+                cfg.proxy_health.clone(),
+                cfg.stream_spread(),
+            ) {
                 Ok(p) => {
                     log::info!("proxy: {} -> {}", spec.listen, spec.upstream);
                     Some(p)

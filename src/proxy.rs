@@ -19,6 +19,7 @@
 //! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` is appended.
 
 pub mod ledger;
+pub mod streams;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -39,7 +40,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{Notify, watch};
 
 use crate::config::ProxySpec;
-use ledger::{Admitted, Ledger, Outcome};
+use ledger::{Admitted, Ledger, Outcome, StreamEnd};
+use streams::{Ended, Registered, StreamSet};
 
 /// Where admission stands; only ever moves forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -96,6 +98,9 @@ struct Shared {
     idle: Notify,
     health: Option<String>,
     upstream: SocketAddr,
+    /// Open WebSockets and SSE responses, closed over `spread` at beat 3.
+    streams: StreamSet,
+    spread: Duration,
 }
 
 impl Shared {
@@ -103,9 +108,15 @@ impl Shared {
         Gate::from_u8(self.gate.load(Relaxed))
     }
 
-    /// After a request settles: the supervisor may be waiting for none in flight.
+    /// No admitted request in flight and no stream open.
+    fn quiet(&self) -> bool {
+        self.ledger.in_flight() == 0 && self.streams.open() == 0
+    }
+
+    /// After a request settles or a stream ends: the supervisor may be waiting
+    /// for none in flight.
     fn settled(&self) {
-        if self.gate() >= Gate::Closed && self.ledger.in_flight() == 0 {
+        if self.gate() >= Gate::Closed && self.quiet() {
             self.idle.notify_one();
         }
     }
@@ -116,6 +127,8 @@ pub struct Proxy {
     shared: &'static Shared,
     thread: Option<std::thread::JoinHandle<()>>,
     stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The proxy thread's runtime: beat 3's stream closer runs there.
+    runtime: tokio::runtime::Handle,
 }
 
 /// Binds the listen address (before the child starts: a taken port is a
@@ -134,10 +147,13 @@ impl Proxy {
     ///
     /// # Errors
     /// Creating the thread or its runtime failed.
+    /// `spread`: over how long the open streams are closed at beat 3
+    /// (`--stream-spread`).
     pub fn start(
         listener: StdListener,
         spec: ProxySpec,
         health: Option<String>,
+        spread: Duration,
     ) -> std::io::Result<Proxy> {
         let (gate_tx, _) = watch::channel(Gate::NotReady);
         let shared: &'static Shared = Box::leak(Box::new(Shared {
@@ -147,12 +163,15 @@ impl Proxy {
             idle: Notify::new(),
             health,
             upstream: spec.upstream,
+            streams: StreamSet::default(),
+            spread,
         }));
         shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()?;
+        let handle = runtime.handle().clone();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("drainit-proxy".into())
@@ -176,6 +195,7 @@ impl Proxy {
             shared,
             thread: Some(thread),
             stop_tx: Some(stop_tx),
+            runtime: handle,
         })
     }
 
@@ -191,6 +211,17 @@ impl Proxy {
         if gate >= Gate::Closing {
             s.ledger.mark_t0();
         }
+        if gate >= Gate::Closed && prev < Gate::Closed {
+            let n = s.streams.open();
+            if n > 0 {
+                log::info!(
+                    "closing {n} stream(s) over {} (--stream-spread)",
+                    crate::util::fmt_ms(s.spread)
+                );
+            }
+            self.runtime
+                .spawn(async move { s.streams.close_all(s.spread).await });
+        }
         s.gate_tx.send_replace(gate);
         s.settled();
     }
@@ -200,10 +231,11 @@ impl Proxy {
         self.shared.gate()
     }
 
-    /// Yields once no admitted request is in flight after admission closed.
+    /// Yields once no admitted request is in flight and no stream is open after
+    /// admission closed.
     pub async fn idle(&self) {
         loop {
-            if self.shared.gate() >= Gate::Closed && self.shared.ledger.in_flight() == 0 {
+            if self.shared.gate() >= Gate::Closed && self.shared.quiet() {
                 return;
             }
             self.shared.idle.notified().await;
@@ -229,10 +261,11 @@ impl Proxy {
     }
 
     /// Cuts what is in flight now (`abandoned`): the deadline came. The
-    /// connections are closed by [`Proxy::stop`] at the exit.
-    pub fn abandon(&self) -> u64 {
+    /// connections are closed by [`Proxy::stop`] at the exit. Returns the
+    /// requests in flight and the streams open.
+    pub fn abandon(&self) -> (u64, usize) {
         self.shared.ledger.cut_all();
-        self.shared.ledger.in_flight()
+        (self.shared.ledger.in_flight(), self.shared.streams.open())
     }
 }
 
@@ -325,6 +358,20 @@ pub struct ProxyBody {
     inner: Inner,
     admitted: Option<Admitted<'static>>,
     shared: Option<&'static Shared>,
+    /// A server-sent event stream (`text/event-stream`).
+    sse: Option<Sse>,
+}
+
+/// An SSE response body counted as a stream: ended between events at beat 3.
+struct Sse {
+    /// Counts and unregisters the stream when the body goes.
+    open: Open,
+    /// drainit asked it to close: it ends at the next event boundary.
+    closing: bool,
+    /// The bytes sent so far end an event.
+    at_boundary: bool,
+    /// Ended by drainit; the next poll ends the body.
+    ended: bool,
 }
 
 enum Inner {
@@ -338,6 +385,7 @@ impl ProxyBody {
             inner: Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))),
             admitted: None,
             shared: None,
+            sse: None,
         }
     }
 
@@ -361,10 +409,39 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        if let Some(sse) = &mut this.sse {
+            if sse.ended {
+                return Poll::Ready(None);
+            }
+            if !sse.closing
+                && let Some(reg) = &mut sse.open.reg
+                && Pin::new(&mut reg.close).poll(cx).is_ready()
+            {
+                sse.closing = true;
+            }
+            if sse.closing && sse.at_boundary {
+                sse.ended = true;
+                sse.open.end = StreamEnd::ClosedByDrain;
+                return Poll::Ready(None);
+            }
+        }
         let polled = match &mut this.inner {
             Inner::Local(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
             Inner::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         };
+        if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
+            && let Some(data) = frame.data_ref()
+        {
+            if sse.closing
+                && let Some(end) = streams::last_event_end(data)
+            {
+                sse.ended = true;
+                sse.open.end = StreamEnd::ClosedByDrain;
+                let head = data.slice(..end);
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
+            sse.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+        }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
             Poll::Ready(Some(Err(_))) => this.settle(Outcome::Unknown),
@@ -375,6 +452,9 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.sse.as_ref().is_some_and(|s| s.ended) {
+            return true;
+        }
         match &self.inner {
             Inner::Local(b) => b.is_end_stream(),
             Inner::Upstream(b) => b.is_end_stream(),
@@ -446,6 +526,12 @@ async fn handle(
         request_id.as_deref(),
     );
     let upgrading = wants_upgrade(req.headers());
+    let websocket = upgrading
+        && req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let version = req.version();
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
 
@@ -459,6 +545,7 @@ async fn handle(
             inner: Inner::Upstream(body),
             admitted: None,
             shared: None,
+            sse: None,
         },
     );
     let mut resp = match client.request(up_req).await {
@@ -487,7 +574,11 @@ async fn handle(
         && let Some(client_upgrade) = client_upgrade
     {
         let app_upgrade = hyper::upgrade::on(&mut resp);
-        tokio::spawn(tunnel(client_upgrade, app_upgrade, shared));
+        // Registered before the request settles: the wait for "nothing in
+        // flight" never sees a gap between the two.
+        let reg = shared.streams.register();
+        shared.ledger.stream_opened();
+        tokio::spawn(tunnel(client_upgrade, app_upgrade, websocket, reg, shared));
         admitted.settle(Outcome::Completed);
         drop(admitted);
         shared.settled();
@@ -499,9 +590,35 @@ async fn handle(
                 inner: Inner::Upstream(body),
                 admitted: None,
                 shared: None,
+                sse: None,
             },
         );
     }
+    let event_stream = resp.status() == StatusCode::OK
+        && resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let sse = if event_stream {
+        // The response head reached the client: the request completed, and
+        // the stream that follows is counted as one.
+        let reg = shared.streams.register();
+        shared.ledger.stream_opened();
+        admitted.settle(Outcome::Completed);
+        Some(Sse {
+            open: Open {
+                shared,
+                end: StreamEnd::Completed,
+                reg: Some(reg),
+            },
+            closing: false,
+            at_boundary: true,
+            ended: false,
+        })
+    } else {
+        None
+    };
     let (mut parts, body) = resp.into_parts();
     // The client's version, not the app's: an HTTP/1.0 app behind drainit does
     // not turn the client's keep-alive connection into a one-shot one.
@@ -518,30 +635,52 @@ async fn handle(
             inner: Inner::Upstream(body),
             admitted: Some(admitted),
             shared: Some(shared),
+            sse,
         },
     )
 }
 
-/// Both halves of an upgraded connection, copied until either side closes.
+/// Both halves of an upgraded connection, copied until either side closes or
+/// drainit closes it at beat 3 ([`streams::tunnel`]).
 async fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     app: hyper::upgrade::OnUpgrade,
+    websocket: bool,
+    reg: Registered<'static>,
     shared: &'static Shared,
 ) {
-    let (Ok(client), Ok(app)) = (client.await, app.await) else {
-        return;
+    let mut open = Open {
+        shared,
+        end: StreamEnd::Abandoned,
+        reg: Some(reg),
     };
-    shared.ledger.stream_opened();
-    struct Open(&'static Shared);
-    impl Drop for Open {
-        fn drop(&mut self) {
-            self.0.ledger.stream_ended(self.0.ledger.cutting());
+    let end = match (client.await, app.await) {
+        (Ok(client), Ok(app)) => {
+            let close = &mut open.reg.as_mut().expect("set above").close;
+            match streams::tunnel(TokioIo::new(client), TokioIo::new(app), websocket, close).await {
+                Ended::ByPeer => StreamEnd::Completed,
+                Ended::ByDrain => StreamEnd::ClosedByDrain,
+            }
         }
+        _ => StreamEnd::Completed,
+    };
+    open.end = end;
+}
+
+/// An open stream: counted and unregistered however its task ends (dropped at
+/// the exit too: then `abandoned`).
+struct Open {
+    shared: &'static Shared,
+    end: StreamEnd,
+    reg: Option<Registered<'static>>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.shared.ledger.stream_ended(self.end);
+        drop(self.reg.take());
+        self.shared.settled();
     }
-    let _open = Open(shared);
-    let mut client = TokioIo::new(client);
-    let mut app = TokioIo::new(app);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut app).await;
 }
 
 /// The health path: drainit's own readiness, as `/readyz` (200 only while
