@@ -1060,8 +1060,8 @@ fn the_drain_signal_waits_for_the_request_in_flight_as_subreaper_and_as_pid_1() 
         let (code, rep) = px.finish(secs(8));
         assert_eq!(code, 0, "{mode:?}{}", px.ctx());
         let done = px
-            .logged_t("done GET /slow")
-            .expect("the app finished /slow");
+            .logged_t("respond GET /slow")
+            .expect("the app answered /slow");
         let sig = px
             .logged_t("signal TERM")
             .unwrap_or_else(|| panic!("{mode:?}: the app never got SIGTERM{}", px.ctx()));
