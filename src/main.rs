@@ -215,9 +215,13 @@ fn run(args: Vec<OsString>) -> i32 {
         log::warn!("becoming a child subreaper failed: {e}; orphans will pass drainit by");
     }
 
+    // At most 64 readiness events per epoll_wait (tokio's default 1024 is a 12 KiB
+    // buffer, its own mmap and page faults at start): drainit watches a handful of
+    // fds; under a flood of probe connections the rest come on the next turn.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .max_io_events_per_tick(64)
         .build()
     {
         Ok(r) => r,
