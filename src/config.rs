@@ -121,6 +121,9 @@ pub struct Cli {
     /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (both IP:PORT), and keep a request ledger (DESIGN §11)
     #[arg(long, env = "DRAINIT_PROXY", value_name = "LISTEN=UPSTREAM")]
     pub proxy: Option<String>,
+    /// With --proxy: at beat 3, close open WebSockets and event streams evenly over DUR (0: all at once) [default: half the drain timeout]
+    #[arg(long, env = "DRAINIT_STREAM_SPREAD", value_name = "DUR")]
+    pub stream_spread: Option<String>,
     /// With --proxy: requests for exactly PATH on the proxy port are answered by drainit from its readiness (200, or 503 from the drain signal), never sent to the app
     #[arg(long, env = "DRAINIT_PROXY_HEALTH", value_name = "PATH")]
     pub proxy_health: Option<String>,
@@ -228,6 +231,8 @@ pub struct Config {
     pub proxy: Option<ProxySpec>,
     /// `--proxy-health`: the path drainit answers itself on the proxy port.
     pub proxy_health: Option<String>,
+    /// `--stream-spread` as given; see [`Config::stream_spread`].
+    pub stream_spread: Option<Duration>,
     /// `--user`: whom the child runs as; `None`: as drainit.
     pub user: Option<crate::user::Identity>,
     pub check_config: bool,
@@ -386,6 +391,17 @@ fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     s.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
         format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')")
     })
+}
+
+impl Config {
+    /// Over how long the proxy closes open streams at beat 3 (DESIGN §11.1):
+    /// `--stream-spread`, by default half the drain timeout; never longer than
+    /// the drain timeout (a stream closed after the deadline would be abandoned).
+    pub fn stream_spread(&self) -> Duration {
+        self.stream_spread
+            .unwrap_or(self.drain_timeout / 2)
+            .min(self.drain_timeout)
+    }
 }
 
 /// `--proxy LISTEN=UPSTREAM`: where the admission proxy listens and where the app
@@ -1197,6 +1213,7 @@ impl Config {
             report_file: None,
             proxy: None,
             proxy_health: None,
+            stream_spread: None,
             user: None,
             check_config,
             probe_client: None,

@@ -19,6 +19,7 @@
 //! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` is appended.
 
 pub mod ledger;
+pub mod streams;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -39,7 +40,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{Notify, watch};
 
 use crate::config::ProxySpec;
-use ledger::{Admitted, Ledger, Outcome};
+use ledger::{Admitted, Ledger, Outcome, StreamEnd};
+use streams::{Ended, Registered, StreamSet};
 
 /// Where admission stands; only ever moves forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -95,7 +97,12 @@ struct Shared {
     /// Notified when no admitted request is in flight once admission is closed.
     idle: Notify,
     health: Option<String>,
+    /// Asks the supervisor's thread what `/readyz` would answer.
+    ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
     upstream: SocketAddr,
+    /// Open WebSockets and SSE responses, closed over `spread` at beat 3.
+    streams: StreamSet,
+    spread: Duration,
 }
 
 impl Shared {
@@ -103,9 +110,15 @@ impl Shared {
         Gate::from_u8(self.gate.load(Relaxed))
     }
 
-    /// After a request settles: the supervisor may be waiting for none in flight.
+    /// No admitted request in flight and no stream open.
+    fn quiet(&self) -> bool {
+        self.ledger.in_flight() == 0 && self.streams.open() == 0
+    }
+
+    /// After a request settles or a stream ends: the supervisor may be waiting
+    /// for none in flight.
     fn settled(&self) {
-        if self.gate() >= Gate::Closed && self.ledger.in_flight() == 0 {
+        if self.gate() >= Gate::Closed && self.quiet() {
             self.idle.notify_one();
         }
     }
@@ -116,6 +129,8 @@ pub struct Proxy {
     shared: &'static Shared,
     thread: Option<std::thread::JoinHandle<()>>,
     stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The proxy thread's runtime: beat 3's stream closer runs there.
+    runtime: tokio::runtime::Handle,
 }
 
 /// Binds the listen address (before the child starts: a taken port is a
@@ -134,10 +149,16 @@ impl Proxy {
     ///
     /// # Errors
     /// Creating the thread or its runtime failed.
+    /// `spread`: over how long the open streams are closed at beat 3
+    /// (`--stream-spread`). The health path (`health`) is answered as `/readyz`:
+    /// `ready_ask` reaches [`crate::probe::answer_readiness`] on the supervisor's
+    /// thread.
     pub fn start(
         listener: StdListener,
         spec: ProxySpec,
         health: Option<String>,
+        ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
+        spread: Duration,
     ) -> std::io::Result<Proxy> {
         let (gate_tx, _) = watch::channel(Gate::NotReady);
         let shared: &'static Shared = Box::leak(Box::new(Shared {
@@ -146,13 +167,17 @@ impl Proxy {
             ledger: Ledger::default(),
             idle: Notify::new(),
             health,
+            ready_ask,
             upstream: spec.upstream,
+            streams: StreamSet::default(),
+            spread,
         }));
         shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()?;
+        let handle = runtime.handle().clone();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("drainit-proxy".into())
@@ -176,6 +201,7 @@ impl Proxy {
             shared,
             thread: Some(thread),
             stop_tx: Some(stop_tx),
+            runtime: handle,
         })
     }
 
@@ -191,6 +217,17 @@ impl Proxy {
         if gate >= Gate::Closing {
             s.ledger.mark_t0();
         }
+        if gate >= Gate::Closed && prev < Gate::Closed {
+            let n = s.streams.open();
+            if n > 0 {
+                log::info!(
+                    "closing {n} stream(s) over {} (--stream-spread)",
+                    crate::util::fmt_ms(s.spread)
+                );
+            }
+            self.runtime
+                .spawn(async move { s.streams.close_all(s.spread).await });
+        }
         s.gate_tx.send_replace(gate);
         s.settled();
     }
@@ -200,14 +237,25 @@ impl Proxy {
         self.shared.gate()
     }
 
-    /// Yields once no admitted request is in flight after admission closed.
+    /// Yields once no admitted request is in flight and no stream is open after
+    /// admission closed.
     pub async fn idle(&self) {
         loop {
-            if self.shared.gate() >= Gate::Closed && self.shared.ledger.in_flight() == 0 {
+            if self.shared.gate() >= Gate::Closed && self.shared.quiet() {
                 return;
             }
             self.shared.idle.notified().await;
         }
+    }
+
+    /// No admitted request in flight and no stream open.
+    pub fn is_quiet(&self) -> bool {
+        self.shared.quiet()
+    }
+
+    /// Open streams (WebSockets, event streams).
+    pub fn open_streams(&self) -> usize {
+        self.shared.streams.open()
     }
 
     /// The ledger (report, metrics, log lines).
@@ -229,10 +277,11 @@ impl Proxy {
     }
 
     /// Cuts what is in flight now (`abandoned`): the deadline came. The
-    /// connections are closed by [`Proxy::stop`] at the exit.
-    pub fn abandon(&self) -> u64 {
+    /// connections are closed by [`Proxy::stop`] at the exit. Returns the
+    /// requests in flight and the streams open.
+    pub fn abandon(&self) -> (u64, usize) {
         self.shared.ledger.cut_all();
-        self.shared.ledger.in_flight()
+        (self.shared.ledger.in_flight(), self.shared.streams.open())
     }
 }
 
@@ -325,6 +374,23 @@ pub struct ProxyBody {
     inner: Inner,
     admitted: Option<Admitted<'static>>,
     shared: Option<&'static Shared>,
+    /// A server-sent event stream (`text/event-stream`).
+    sse: Option<Sse>,
+    /// As a request body: set when reading the client's body failed (the
+    /// client went away mid-request: `canceled`, not `unknown`).
+    client_gone: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// An SSE response body counted as a stream: ended between events at beat 3.
+struct Sse {
+    /// Counts and unregisters the stream when the body goes.
+    open: Open,
+    /// drainit asked it to close: it ends at the next event boundary.
+    closing: bool,
+    /// The last bytes sent (up to 3), to find an event's end across frames.
+    tail: Vec<u8>,
+    /// Ended by drainit; the next poll ends the body.
+    ended: bool,
 }
 
 enum Inner {
@@ -338,6 +404,18 @@ impl ProxyBody {
             inner: Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))),
             admitted: None,
             shared: None,
+            sse: None,
+            client_gone: None,
+        }
+    }
+
+    fn text(text: String) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Local(Full::new(Bytes::from(text))),
+            admitted: None,
+            shared: None,
+            sse: None,
+            client_gone: None,
         }
     }
 
@@ -361,10 +439,52 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        if let Some(sse) = &mut this.sse {
+            if sse.ended {
+                return Poll::Ready(None);
+            }
+            if !sse.closing
+                && let Some(reg) = &mut sse.open.reg
+                && Pin::new(&mut reg.close).poll(cx).is_ready()
+            {
+                sse.closing = true;
+            }
+            if sse.closing && streams::last_event_end(&sse.tail) == Some(sse.tail.len()) {
+                sse.ended = true;
+                sse.open.end = StreamEnd::ClosedByDrain;
+                return Poll::Ready(None);
+            }
+        }
         let polled = match &mut this.inner {
             Inner::Local(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
             Inner::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         };
+        if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
+            && let Some(data) = frame.data_ref()
+        {
+            // Searched with the tail of what went before: an event's blank line
+            // may span two frames.
+            let mut joined = std::mem::take(&mut sse.tail);
+            let before = joined.len();
+            joined.extend_from_slice(&data[..data.len().min(4096)]);
+            if sse.closing
+                && let Some(end) = streams::last_event_end(&joined).filter(|e| *e > before)
+            {
+                sse.ended = true;
+                sse.open.end = StreamEnd::ClosedByDrain;
+                let head = data.slice(..end - before);
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
+            let keep = data.len().min(3);
+            sse.tail = if data.len() >= 3 {
+                data[data.len() - keep..].to_vec()
+            } else {
+                joined[joined.len().saturating_sub(3)..].to_vec()
+            };
+        }
+        if let (Some(flag), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
+            flag.store(true, Relaxed);
+        }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
             Poll::Ready(Some(Err(_))) => this.settle(Outcome::Unknown),
@@ -375,6 +495,9 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.sse.as_ref().is_some_and(|s| s.ended) {
+            return true;
+        }
         match &self.inner {
             Inner::Local(b) => b.is_end_stream(),
             Inner::Upstream(b) => b.is_end_stream(),
@@ -422,7 +545,7 @@ async fn handle(
         // Something routes by drainit's readiness: the default pre-drain delay
         // applies (DESIGN §2), as for `/readyz`.
         crate::published::note_readyz_asked();
-        return health(gate);
+        return health(shared).await;
     }
     shared.ledger.received();
     if gate != Gate::Ready && gate != Gate::Closing {
@@ -446,24 +569,44 @@ async fn handle(
         request_id.as_deref(),
     );
     let upgrading = wants_upgrade(req.headers());
+    let websocket = upgrading
+        && req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let version = req.version();
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
+    let asterisk = parts.uri == "*";
     strip_hop_by_hop(&mut parts.headers, upgrading);
     append_forwarded_for(&mut parts.headers, peer);
     parts.uri = upstream_uri(shared.upstream, &parts.uri);
+    let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up_req = Request::from_parts(
         parts,
         ProxyBody {
             inner: Inner::Upstream(body),
             admitted: None,
             shared: None,
+            sse: None,
+            client_gone: Some(client_gone.clone()),
         },
     );
-    let mut resp = match client.request(up_req).await {
+    // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4): the pooled client speaks
+    // only origin form; it goes on a connection of its own.
+    let sent = if asterisk {
+        send_asterisk(shared.upstream, up_req).await
+    } else {
+        client
+            .request(up_req)
+            .await
+            .map_err(|e| (e.is_connect(), e.to_string()))
+    };
+    let mut resp = match sent {
         Ok(r) => r,
-        Err(e) if e.is_connect() => {
+        Err((true, e)) => {
             // It never reached the app: safe to retry.
             admitted.refused();
             drop(admitted);
@@ -471,7 +614,15 @@ async fn handle(
             log::debug!("proxy: upstream {} refused: {e}", shared.upstream);
             return unavailable("upstream refused", shared.gate());
         }
-        Err(e) => {
+        Err((false, e)) if client_gone.load(Relaxed) => {
+            // The client went away while its body was being sent on.
+            log::debug!("proxy: the client went away mid-request: {e}");
+            admitted.settle(Outcome::Canceled);
+            drop(admitted);
+            shared.settled();
+            return local(StatusCode::BAD_REQUEST, "", shared.gate());
+        }
+        Err((false, e)) => {
             log::debug!("proxy: upstream failed: {e}");
             admitted.settle(Outcome::Unknown);
             drop(admitted);
@@ -487,7 +638,11 @@ async fn handle(
         && let Some(client_upgrade) = client_upgrade
     {
         let app_upgrade = hyper::upgrade::on(&mut resp);
-        tokio::spawn(tunnel(client_upgrade, app_upgrade, shared));
+        // Registered before the request settles: the wait for "nothing in
+        // flight" never sees a gap between the two.
+        let reg = shared.streams.register();
+        shared.ledger.stream_opened();
+        tokio::spawn(tunnel(client_upgrade, app_upgrade, websocket, reg, shared));
         admitted.settle(Outcome::Completed);
         drop(admitted);
         shared.settled();
@@ -499,9 +654,36 @@ async fn handle(
                 inner: Inner::Upstream(body),
                 admitted: None,
                 shared: None,
+                sse: None,
+                client_gone: None,
             },
         );
     }
+    let event_stream = resp.status() == StatusCode::OK
+        && resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let sse = if event_stream {
+        // The response head reached the client: the request completed, and
+        // the stream that follows is counted as one.
+        let reg = shared.streams.register();
+        shared.ledger.stream_opened();
+        admitted.settle(Outcome::Completed);
+        Some(Sse {
+            open: Open {
+                shared,
+                end: StreamEnd::Completed,
+                reg: Some(reg),
+            },
+            closing: false,
+            tail: b"\n\n".to_vec(),
+            ended: false,
+        })
+    } else {
+        None
+    };
     let (mut parts, body) = resp.into_parts();
     // The client's version, not the app's: an HTTP/1.0 app behind drainit does
     // not turn the client's keep-alive connection into a one-shot one.
@@ -518,41 +700,93 @@ async fn handle(
             inner: Inner::Upstream(body),
             admitted: Some(admitted),
             shared: Some(shared),
+            sse,
+            client_gone: None,
         },
     )
 }
 
-/// Both halves of an upgraded connection, copied until either side closes.
+/// Both halves of an upgraded connection, copied until either side closes or
+/// drainit closes it at beat 3 ([`streams::tunnel`]).
 async fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     app: hyper::upgrade::OnUpgrade,
+    websocket: bool,
+    reg: Registered<'static>,
     shared: &'static Shared,
 ) {
-    let (Ok(client), Ok(app)) = (client.await, app.await) else {
-        return;
+    let mut open = Open {
+        shared,
+        end: StreamEnd::Abandoned,
+        reg: Some(reg),
     };
-    shared.ledger.stream_opened();
-    struct Open(&'static Shared);
-    impl Drop for Open {
-        fn drop(&mut self) {
-            self.0.ledger.stream_ended(self.0.ledger.cutting());
+    let end = match (client.await, app.await) {
+        (Ok(client), Ok(app)) => {
+            let close = &mut open.reg.as_mut().expect("set above").close;
+            match streams::tunnel(TokioIo::new(client), TokioIo::new(app), websocket, close).await {
+                Ended::ByPeer => StreamEnd::Completed,
+                Ended::ByDrain => StreamEnd::ClosedByDrain,
+            }
         }
+        _ => StreamEnd::Completed,
+    };
+    open.end = end;
+}
+
+/// An open stream: counted and unregistered however its task ends (dropped at
+/// the exit too: then `abandoned`).
+struct Open {
+    shared: &'static Shared,
+    end: StreamEnd,
+    reg: Option<Registered<'static>>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.shared.ledger.stream_ended(self.end);
+        drop(self.reg.take());
+        self.shared.settled();
     }
-    let _open = Open(shared);
-    let mut client = TokioIo::new(client);
-    let mut app = TokioIo::new(app);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut app).await;
 }
 
 /// The health path: drainit's own readiness, as `/readyz` (200 only while
 /// ready; 503 before and from T0).
-fn health(gate: Gate) -> Response<ProxyBody> {
-    if gate == Gate::Ready {
-        local(StatusCode::OK, "ready\n", gate)
-    } else {
-        local(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", gate)
+async fn health(shared: &'static Shared) -> Response<ProxyBody> {
+    let gate = shared.gate();
+    if gate != Gate::Ready {
+        let word = if gate == Gate::NotReady {
+            "starting\n"
+        } else {
+            "draining\n"
+        };
+        return local(StatusCode::SERVICE_UNAVAILABLE, word, gate);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let answer = async {
+        shared.ready_ask.send(tx).await.ok()?;
+        rx.await.ok()
+    };
+    let answer = tokio::time::timeout(HEALTH_WAIT, answer)
+        .await
+        .ok()
+        .flatten();
+    // A drain that began meanwhile wins.
+    let gate = shared.gate();
+    match answer {
+        Some((true, _)) if gate == Gate::Ready => local(StatusCode::OK, "ready\n", gate),
+        Some((_, word)) if gate == Gate::Ready => {
+            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, "", gate);
+            *r.body_mut() = ProxyBody::text(format!("{word}\n"));
+            r
+        }
+        _ if gate == Gate::Ready => local(StatusCode::SERVICE_UNAVAILABLE, "unknown\n", gate),
+        _ => local(StatusCode::SERVICE_UNAVAILABLE, "draining\n", gate),
     }
 }
+
+/// How long the health path waits for the readiness evaluation (the checks'
+/// own timeouts end it sooner).
+pub const HEALTH_WAIT: Duration = Duration::from_secs(10);
 
 /// drainit's own 503: never reached the app, safe to retry (RFC 9110 §15.6.4,
 /// `Retry-After` §10.2.3, `Proxy-Status` RFC 9209 §2).
@@ -658,6 +892,25 @@ fn append_forwarded_for(h: &mut HeaderMap, peer: SocketAddr) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         h.insert(HeaderName::from_static("x-forwarded-for"), v);
     }
+}
+
+/// Sends an asterisk-form request on a fresh connection to the app. Errors:
+/// `(true, _)` when the connection was refused, `(false, _)` otherwise.
+async fn send_asterisk(
+    upstream: SocketAddr,
+    mut req: Request<ProxyBody>,
+) -> Result<Response<Incoming>, (bool, String)> {
+    let tcp = tokio::net::TcpStream::connect(upstream)
+        .await
+        .map_err(|e| (true, e.to_string()))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| (false, e.to_string()))?;
+    tokio::spawn(conn);
+    *req.uri_mut() = Uri::from_static("*");
+    send.send_request(req)
+        .await
+        .map_err(|e| (false, e.to_string()))
 }
 
 fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {

@@ -118,7 +118,7 @@ fn show_dur(s: &mut String, key: &str, d: Duration) {
 fn show_nothing(_: &Config, _: &mut String) {}
 
 /// Every setting, in the file's order (see the module comment).
-pub(super) static SETTINGS: [Setting; 19] = [
+pub(super) static SETTINGS: [Setting; 20] = [
     Setting {
         key: "probe_addr",
         shape: Shape::Text,
@@ -359,6 +359,23 @@ pub(super) static SETTINGS: [Setting; 19] = [
         show: |c, s| {
             if let Some(p) = &c.proxy_health {
                 line(s, "proxy_health", q(p));
+            }
+        },
+    },
+    Setting {
+        key: "stream_spread",
+        shape: Shape::Text,
+        default: "",
+        millis_env: None,
+        set: |c, g| {
+            if !g.is_default() {
+                c.stream_spread = Some(g.one(parse_duration)?);
+            }
+            Ok(())
+        },
+        show: |c, s| {
+            if c.proxy.is_some() {
+                show_dur(s, "stream_spread", c.stream_spread());
             }
         },
     },

@@ -40,6 +40,17 @@ pub enum Outcome {
     Canceled,
 }
 
+/// How a stream ended (the report's `streams`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// Either peer ended it.
+    Completed,
+    /// drainit closed it at beat 3, spread over `--stream-spread`.
+    ClosedByDrain,
+    /// Still open when drainit cut everything (the deadline, or its exit).
+    Abandoned,
+}
+
 /// A request named in the report: never its query, headers or body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Lost {
@@ -271,12 +282,15 @@ impl Ledger {
         self.streams_opened.fetch_add(1, Relaxed);
     }
 
-    /// An upgraded connection ended: by itself, or cut when drainit stopped.
-    pub fn stream_ended(&self, cut: bool) {
-        let c = if cut {
-            &self.streams_abandoned
-        } else {
-            &self.streams_completed
+    /// A stream ended: by itself (or its client), closed by drainit at beat 3,
+    /// or cut when drainit stopped (`abandoned`, whatever `how` says once
+    /// [`Ledger::cut_all`] was called).
+    pub fn stream_ended(&self, how: StreamEnd) {
+        let c = match how {
+            _ if self.cutting() => &self.streams_abandoned,
+            StreamEnd::Completed => &self.streams_completed,
+            StreamEnd::ClosedByDrain => &self.streams_closed_by_drain,
+            StreamEnd::Abandoned => &self.streams_abandoned,
         };
         c.fetch_add(1, Relaxed);
     }

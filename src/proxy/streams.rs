@@ -1,0 +1,394 @@
+//! Streams through the proxy (DESIGN §11.1): upgraded connections (WebSocket)
+//! and streaming responses (server-sent events) never "finish", so at beat 3
+//! drainit closes them itself, spread evenly over `--stream-spread`, so that
+//! their clients reconnect elsewhere a few at a time instead of all at once.
+//!
+//! Owns: the set of open streams and the order they are closed in; the
+//! WebSocket tunnel, which closes a connection with a close frame (1001, going
+//! away, RFC 6455 §7.4.1) placed at a frame boundary in each direction; and the
+//! event boundary of an SSE body (an event ends at a blank line, WHATWG HTML
+//! §9.2.6), where such a stream is ended.
+//!
+//! Must not: decide when the drain moves on. The proxy counts a stream as
+//! open until it ends; the supervisor's wait for "no request in flight" includes
+//! them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+/// The open streams, each with the sender that asks it to close.
+#[derive(Default)]
+pub struct StreamSet {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: u64,
+    open: HashMap<u64, oneshot::Sender<()>>,
+    /// Set at beat 3: streams opened after it are closed at once.
+    closing: bool,
+}
+
+/// A registered stream: dropping it unregisters it.
+pub struct Registered<'a> {
+    set: &'a StreamSet,
+    id: u64,
+    /// Yields when drainit asks the stream to close.
+    pub close: oneshot::Receiver<()>,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.set.lock().open.remove(&self.id);
+    }
+}
+
+impl StreamSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a new stream. After [`StreamSet::close_all`] began, its close
+    /// request is already sent.
+    pub fn register(&self) -> Registered<'_> {
+        let (tx, rx) = oneshot::channel();
+        let mut g = self.lock();
+        let id = g.next;
+        g.next += 1;
+        if g.closing {
+            let _ = tx.send(());
+        } else {
+            g.open.insert(id, tx);
+        }
+        Registered {
+            set: self,
+            id,
+            close: rx,
+        }
+    }
+
+    /// How many streams are open.
+    pub fn open(&self) -> usize {
+        self.lock().open.len()
+    }
+
+    /// Beat 3: asks every open stream to close, one at a time, evenly over
+    /// `spread` (all at once when zero); streams opened meanwhile close at once.
+    pub async fn close_all(&self, spread: Duration) {
+        let mut ids: Vec<u64> = {
+            let mut g = self.lock();
+            g.closing = true;
+            g.open.keys().copied().collect()
+        };
+        ids.sort_unstable(); // oldest first
+        let n = ids.len();
+        if n == 0 {
+            return;
+        }
+        let start = tokio::time::Instant::now();
+        for (i, id) in ids.into_iter().enumerate() {
+            let at = start + spread.mul_f64(i as f64 / n as f64);
+            tokio::time::sleep_until(at).await;
+            if let Some(tx) = self.lock().open.remove(&id) {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// How a WebSocket byte stream stands with respect to frame boundaries
+/// (RFC 6455 §5.2): fed every byte that passes, it knows whether the last one
+/// ended a frame.
+#[derive(Default, Clone, Debug)]
+pub struct FrameCursor {
+    /// Header bytes seen of the current frame (up to 14).
+    header: [u8; 14],
+    have: usize,
+    /// Payload bytes still to pass once the header is complete.
+    payload_left: u64,
+    in_payload: bool,
+}
+
+impl FrameCursor {
+    /// The header's full length, once its first two bytes are known.
+    fn header_len(&self) -> Option<usize> {
+        if self.have < 2 {
+            return None;
+        }
+        let masked = self.header[1] & 0x80 != 0;
+        let ext = match self.header[1] & 0x7f {
+            126 => 2,
+            127 => 8,
+            _ => 0,
+        };
+        Some(2 + ext + if masked { 4 } else { 0 })
+    }
+
+    fn payload_len(&self) -> u64 {
+        match self.header[1] & 0x7f {
+            126 => u64::from(u16::from_be_bytes([self.header[2], self.header[3]])),
+            127 => u64::from_be_bytes(self.header[2..10].try_into().expect("8 bytes")),
+            n => u64::from(n),
+        }
+    }
+
+    /// Passes `buf` through the cursor.
+    pub fn feed(&mut self, mut buf: &[u8]) {
+        while !buf.is_empty() {
+            if self.in_payload {
+                let take = self.payload_left.min(buf.len() as u64);
+                self.payload_left -= take;
+                buf = &buf[take as usize..];
+                if self.payload_left == 0 {
+                    self.in_payload = false;
+                    self.have = 0;
+                }
+                continue;
+            }
+            self.header[self.have] = buf[0];
+            self.have += 1;
+            buf = &buf[1..];
+            if let Some(len) = self.header_len()
+                && self.have == len
+            {
+                self.payload_left = self.payload_len();
+                self.in_payload = self.payload_left > 0;
+                if !self.in_payload {
+                    self.have = 0;
+                }
+            }
+        }
+    }
+
+    /// Whether the bytes so far end exactly at a frame boundary.
+    pub fn at_boundary(&self) -> bool {
+        !self.in_payload && self.have == 0
+    }
+}
+
+/// A close frame with status 1001 (going away), unmasked (server to client).
+const CLOSE_TO_CLIENT: [u8; 4] = [0x88, 0x02, 0x03, 0xe9];
+/// The same, masked as a client must send it (RFC 6455 §5.3), to the app; the
+/// mask key is fixed (it protects against cache poisoning by scripts, which a
+/// frame drainit writes itself cannot be).
+const CLOSE_TO_APP: [u8; 8] = [0x88, 0x82, 0x12, 0x34, 0x56, 0x78, 0x03 ^ 0x12, 0xe9 ^ 0x34];
+/// After its close frames, a closed WebSocket gets this long for the peers'
+/// close frames before both connections are shut.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// A frame that does not end within this long of the close request is cut
+/// mid-frame.
+pub const BOUNDARY_WAIT: Duration = Duration::from_secs(2);
+
+/// How a tunnel ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Either side closed it.
+    ByPeer,
+    /// drainit closed it at beat 3.
+    ByDrain,
+}
+
+/// Copies both halves of an upgraded connection until either side closes, or
+/// until `close` yields; then, for a WebSocket (`websocket`), a close frame
+/// (1001) goes each way at a frame boundary before both are shut; any other
+/// upgrade is shut as is.
+pub async fn tunnel<C, A>(
+    client: C,
+    app: A,
+    websocket: bool,
+    close: &mut oneshot::Receiver<()>,
+) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    A: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut ar, mut aw) = tokio::io::split(app);
+    let mut to_app = FrameCursor::default();
+    let mut to_client = FrameCursor::default();
+    let mut cbuf = vec![0u8; 16 * 1024];
+    let mut abuf = vec![0u8; 16 * 1024];
+    let mut closing: Option<tokio::time::Instant> = None;
+    let (mut client_closed, mut app_closed) = (false, false);
+    loop {
+        if let Some(since) = closing {
+            let due = since.elapsed() >= BOUNDARY_WAIT;
+            if !websocket || due {
+                break;
+            }
+            if !client_closed && to_client.at_boundary() {
+                let _ = cw.write_all(&CLOSE_TO_CLIENT).await;
+                let _ = cw.flush().await;
+                client_closed = true;
+            }
+            if !app_closed && to_app.at_boundary() {
+                let _ = aw.write_all(&CLOSE_TO_APP).await;
+                let _ = aw.flush().await;
+                app_closed = true;
+            }
+            if client_closed && app_closed {
+                // The peers' close frames (or their end) within the grace.
+                let wait = async {
+                    let (mut b1, mut b2) = ([0u8; 512], [0u8; 512]);
+                    loop {
+                        tokio::select! {
+                            r = cr.read(&mut b1) => if matches!(r, Ok(0) | Err(_)) { break },
+                            r = ar.read(&mut b2) => if matches!(r, Ok(0) | Err(_)) { break },
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(CLOSE_GRACE, wait).await;
+                break;
+            }
+        }
+        let boundary_due = closing.map(|s| s + BOUNDARY_WAIT);
+        tokio::select! {
+            _ = &mut *close, if closing.is_none() => {
+                closing = Some(tokio::time::Instant::now());
+            }
+            r = cr.read(&mut cbuf), if !app_closed => match r {
+                Ok(0) | Err(_) => {
+                    let _ = aw.shutdown().await;
+                    return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                }
+                Ok(n) => {
+                    to_app.feed(&cbuf[..n]);
+                    if aw.write_all(&cbuf[..n]).await.is_err() {
+                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    }
+                }
+            },
+            r = ar.read(&mut abuf), if !client_closed => match r {
+                Ok(0) | Err(_) => {
+                    let _ = cw.shutdown().await;
+                    return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                }
+                Ok(n) => {
+                    to_client.feed(&abuf[..n]);
+                    if cw.write_all(&abuf[..n]).await.is_err() {
+                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    }
+                }
+            },
+            () = async {
+                match boundary_due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
+    let _ = cw.shutdown().await;
+    let _ = aw.shutdown().await;
+    Ended::ByDrain
+}
+
+/// Where an SSE body may be ended: the end of the last complete event in
+/// `data` (after a blank line), if any.
+pub fn last_event_end(data: &[u8]) -> Option<usize> {
+    let mut end = None;
+    let mut i = 0;
+    while i + 1 < data.len() {
+        if data[i] == b'\n' && data[i + 1] == b'\n' {
+            end = Some(i + 2);
+            i += 2;
+            continue;
+        }
+        if i + 3 < data.len() && &data[i..i + 4] == b"\r\n\r\n" {
+            end = Some(i + 4);
+            i += 4;
+            continue;
+        }
+        i += 1;
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(payload: usize, masked: bool) -> Vec<u8> {
+        let mut f = vec![0x81];
+        let m = if masked { 0x80 } else { 0 };
+        match payload {
+            0..=125 => f.push(m | payload as u8),
+            126..=65535 => {
+                f.push(m | 126);
+                f.extend_from_slice(&(payload as u16).to_be_bytes());
+            }
+            _ => {
+                f.push(m | 127);
+                f.extend_from_slice(&(payload as u64).to_be_bytes());
+            }
+        }
+        if masked {
+            f.extend_from_slice(&[1, 2, 3, 4]);
+        }
+        f.extend(std::iter::repeat_n(b'x', payload));
+        f
+    }
+
+    #[test]
+    fn the_cursor_knows_frame_boundaries_whatever_the_split() {
+        let mut stream = Vec::new();
+        let mut ends = Vec::new();
+        for (len, masked) in [
+            (5, false),
+            (0, true),
+            (300, true),
+            (70000, false),
+            (125, false),
+        ] {
+            stream.extend(frame(len, masked));
+            ends.push(stream.len());
+        }
+        for chunk in [1, 3, 7, 1000, stream.len()] {
+            let mut c = FrameCursor::default();
+            let mut pos = 0;
+            for piece in stream.chunks(chunk) {
+                c.feed(piece);
+                pos += piece.len();
+                assert_eq!(
+                    c.at_boundary(),
+                    ends.contains(&pos),
+                    "chunk {chunk}, at {pos}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_sse_body_ends_after_a_blank_line() {
+        assert_eq!(last_event_end(b"data: a\n\ndata: b"), Some(9));
+        assert_eq!(last_event_end(b"data: a\r\n\r\n"), Some(11));
+        assert_eq!(last_event_end(b"data: a\n"), None);
+        assert_eq!(last_event_end(b"data: a\n\ndata: b\n\n"), Some(18));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_are_closed_evenly_over_the_spread() {
+        let set = StreamSet::default();
+        let regs: Vec<_> = (0..4).map(|_| set.register()).collect();
+        let start = tokio::time::Instant::now();
+        let closer = set.close_all(Duration::from_secs(8));
+        let waits = async {
+            let mut at = Vec::new();
+            for mut r in regs {
+                let _ = (&mut r.close).await;
+                at.push(start.elapsed().as_secs());
+            }
+            at
+        };
+        let ((), at) = tokio::join!(closer, waits);
+        assert_eq!(at, [0, 2, 4, 6]);
+        // Opened after beat 3: closed at once.
+        let mut late = set.register();
+        assert!(late.close.try_recv().is_ok());
+    }
+}

@@ -1,0 +1,1714 @@
+//! The admission proxy (`--proxy LISTEN=UPSTREAM`, DESIGN §11), black box: the real
+//! binary in front of a real app (tests/fixtures/proxyapp.py: routes, modes and its
+//! log are described in its header), real clients over `std::net` with a small
+//! HTTP/1.1 reader below, and what a client got, what the app's log says it received,
+//! and what the exit report says.
+//!
+//! Every report read here is checked against the ledger's equations (`ledger`).
+//! Durations are short (pre-drain 200 ms–1 s, drain 1–6 s); upper bounds loose.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+// ---------------------------------------------------------------- the setup
+
+/// drainit with `--proxy 127.0.0.1:port=127.0.0.1:app` in front of proxyapp.py.
+struct Px {
+    r: Running,
+    /// The proxy's listening port.
+    port: u16,
+    /// drainit's probe port (`/readyz`).
+    probe: u16,
+}
+
+/// Starts drainit in `mode` with `--probe-addr`, `--proxy` and `flags` (in which
+/// `{app}` is replaced by the app's port), running proxyapp.py with
+/// `--port APP --log $TMP/app.log` and `app_args`.
+fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
+    let (port, app, probe) = (free_port(), free_port(), free_port());
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let mut args: Vec<String> = vec!["--probe-addr".into(), probe_addr, "--proxy".into(), proxy];
+    args.extend(flags.iter().map(|f| f.replace("{app}", &app.to_string())));
+    args.push("--".into());
+    args.extend([
+        python().to_string(),
+        fixture("proxyapp.py"),
+        "--port".into(),
+        app.to_string(),
+        "--log".into(),
+        "$TMP/app.log".into(),
+    ]);
+    args.extend(app_args.iter().map(|a| a.to_string()));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = Running::start(mode, &argv);
+    Px { r, port, probe }
+}
+
+impl Px {
+    /// The app's log (see proxyapp.py).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.r.path("app.log")).unwrap_or_default()
+    }
+
+    /// The app's log lines starting with `prefix`.
+    fn logged(&self, prefix: &str) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect()
+    }
+
+    /// The t= of the app's first log line starting with `prefix`.
+    fn logged_t(&self, prefix: &str) -> Option<u64> {
+        self.logged(prefix)
+            .first()?
+            .rsplit_once(" t=")?
+            .1
+            .parse()
+            .ok()
+    }
+
+    /// Waits (10 s) until drainit's `/readyz` answers 200.
+    fn wait_ready(&self) {
+        assert!(
+            wait_until(secs(10), || http(self.probe, "/readyz", "GET").0 == 200),
+            "drainit never became ready{}",
+            self.ctx()
+        );
+    }
+
+    /// A new client connection to the proxy.
+    fn conn(&self) -> Conn {
+        Conn::open(self.port)
+    }
+
+    /// Sends SIGTERM, waits (`within`) for the exit: (exit code, the report after
+    /// the ledger check).
+    fn stop(&mut self, within: Duration) -> (i32, Value) {
+        self.r.signal(libc::SIGTERM);
+        self.finish(within)
+    }
+
+    /// Waits (`within`) for drainit to exit: (exit code, the report after the
+    /// ledger check).
+    fn finish(&mut self, within: Duration) -> (i32, Value) {
+        let (code, _) = self.r.wait(within);
+        let rep = self.r.report();
+        ledger(&rep);
+        (code, rep)
+    }
+
+    fn ctx(&self) -> String {
+        format!(
+            "\nstderr:\n{}\napp log:\n{}",
+            self.r.stderr_text(),
+            self.log()
+        )
+    }
+}
+
+/// Checks the ledger of DESIGN §11 in an exit report and returns its `requests`:
+/// received = rejected + admitted; admitted = completed + unknown + abandoned +
+/// canceled + in_flight; nothing left in flight at exit; every lost request named
+/// (or counted truncated), with an outcome, a method and a path without query.
+fn ledger(rep: &Value) -> &Value {
+    let q = &rep["requests"];
+    assert!(q.is_object(), "the report has no `requests` ledger: {rep}");
+    let n = |k: &str| num(q, k);
+    assert_eq!(
+        n("received"),
+        n("rejected") + n("admitted"),
+        "received != rejected + admitted: {q}"
+    );
+    assert_eq!(
+        n("admitted"),
+        n("completed") + n("unknown") + n("abandoned") + n("canceled") + n("in_flight"),
+        "admitted != completed + unknown + abandoned + canceled + in_flight: {q}"
+    );
+    assert_eq!(n("in_flight"), 0, "requests still in flight at exit: {q}");
+    let lost = q["lost"].as_array().expect("requests.lost is a list");
+    assert!(lost.len() <= 100, "lost is capped at 100: {q}");
+    assert_eq!(
+        lost.len() as i64 + n("lost_truncated"),
+        n("unknown") + n("abandoned"),
+        "every unknown/abandoned request is listed or counted truncated: {q}"
+    );
+    for l in lost {
+        let outcome = text(l, "outcome");
+        assert!(outcome == "unknown" || outcome == "abandoned", "{l}");
+        assert!(!text(l, "method").is_empty(), "{l}");
+        let path = text(l, "path");
+        assert!(path.starts_with('/') && !path.contains('?'), "{l}");
+        assert!(l["start_ms"].is_i64(), "{l}");
+    }
+    let s = &rep["streams"];
+    assert!(s.is_object(), "the report has no `streams`: {rep}");
+    for k in ["opened", "completed", "closed_by_drain", "abandoned"] {
+        assert!(num(s, k) >= 0);
+    }
+    q
+}
+
+/// The report's `requests` counts, in the order of the contract.
+fn counts(rep: &Value) -> [i64; 9] {
+    let q = &rep["requests"];
+    [
+        "received",
+        "rejected",
+        "admitted",
+        "completed",
+        "unknown",
+        "abandoned",
+        "canceled",
+        "in_flight",
+        "malformed",
+    ]
+    .map(|k| num(q, k))
+}
+
+// ---------------------------------------------------------------- a small client
+
+/// One response: status, head (names lowercased), body.
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    head: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The response says `Connection: close`.
+    fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A client connection, with what was read and not consumed yet.
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(port: u16) -> Conn {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the proxy");
+        s.set_read_timeout(Some(secs(10))).unwrap();
+        s.set_write_timeout(Some(secs(30))).unwrap();
+        Conn { s, buf: Vec::new() }
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.s.write_all(bytes)
+    }
+
+    /// Sends `METHOD PATH HTTP/1.1` with `Host` and `headers`, and `body` with its
+    /// Content-Length when given.
+    fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> io::Result<()> {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if let Some(b) = body {
+            req.push_str(&format!("Content-Length: {}\r\n", b.len()));
+        }
+        req.push_str("\r\n");
+        let mut bytes = req.into_bytes();
+        if let Some(b) = body {
+            bytes.extend_from_slice(b);
+        }
+        self.send(&bytes)
+    }
+
+    /// A GET on this connection (keep-alive) and its response.
+    fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> io::Result<Resp> {
+        self.request("GET", path, headers, None)?;
+        self.response(false)
+    }
+
+    /// Reads more bytes; Err(UnexpectedEof) at end of stream.
+    fn fill(&mut self) -> io::Result<()> {
+        let mut b = [0u8; 65536];
+        let n = self.s.read(&mut b)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+        }
+        self.buf.extend_from_slice(&b[..n]);
+        Ok(())
+    }
+
+    fn take_line(&mut self) -> io::Result<String> {
+        loop {
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8_lossy(&self.buf[..i]).into_owned();
+                self.buf.drain(..i + 2);
+                return Ok(line);
+            }
+            self.fill()?;
+        }
+    }
+
+    fn take(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        while self.buf.len() < n {
+            self.fill()?;
+        }
+        let rest = self.buf.split_off(n);
+        Ok(std::mem::replace(&mut self.buf, rest))
+    }
+
+    /// Status and head of the next response.
+    fn head(&mut self) -> io::Result<(u16, Vec<(String, String)>)> {
+        let status_line = self.take_line()?;
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("status line {status_line:?}"),
+                )
+            })?;
+        let mut head = Vec::new();
+        loop {
+            let line = self.take_line()?;
+            if line.is_empty() {
+                return Ok((status, head));
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                head.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+    }
+
+    /// The next chunk of a chunked body (empty: the last one, trailers consumed).
+    fn chunk(&mut self) -> io::Result<Vec<u8>> {
+        let size_line = self.take_line()?;
+        let size = usize::from_str_radix(size_line.split(';').next().unwrap().trim(), 16)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if size == 0 {
+            while !self.take_line()?.is_empty() {}
+            return Ok(Vec::new());
+        }
+        let data = self.take(size)?;
+        self.take(2)?;
+        Ok(data)
+    }
+
+    /// The next whole response (`head_only`: the answer to a HEAD, no body).
+    fn response(&mut self, head_only: bool) -> io::Result<Resp> {
+        let (status, head) = self.head()?;
+        let get = |k: &str| head.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let mut body = Vec::new();
+        if head_only || status < 200 || status == 204 || status == 304 {
+        } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            loop {
+                let c = self.chunk()?;
+                if c.is_empty() {
+                    break;
+                }
+                body.extend(c);
+            }
+        } else if let Some(n) = get("content-length") {
+            let n: usize = n.parse().unwrap();
+            body = self.take(n)?;
+        } else {
+            loop {
+                match self.fill() {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            body = std::mem::take(&mut self.buf);
+        }
+        Ok(Resp { status, head, body })
+    }
+
+    /// The peer closed the connection (EOF, or a reset) within 5 s, with nothing
+    /// more to read.
+    fn closed(&mut self) -> bool {
+        self.s.set_read_timeout(Some(secs(5))).unwrap();
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_)) && self.buf.is_empty()
+    }
+}
+
+/// A GET on a fresh connection.
+fn get(port: u16, path: &str) -> Resp {
+    let mut c = Conn::open(port);
+    c.get(path, &[])
+        .unwrap_or_else(|e| panic!("GET {path} through the proxy: {e}"))
+}
+
+/// drainit's VmRSS in kB.
+fn rss_kb(pid: i32) -> u64 {
+    status_field(pid, "VmRSS")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Asserts the local 503 of a closed admission (beat 3): Retry-After,
+/// Connection: close, Proxy-Status naming drainit.
+fn assert_draining_503(resp: &Resp, what: &str) {
+    assert_eq!(resp.status, 503, "{what}: {resp:?}");
+    assert_eq!(resp.header("retry-after"), Some("1"), "{what}: {resp:?}");
+    assert!(resp.closes(), "{what}: no Connection: close: {resp:?}");
+    let ps = resp.header("proxy-status").unwrap_or_default();
+    assert!(
+        ps.starts_with("drainit") && ps.contains("destination_unavailable"),
+        "{what}: Proxy-Status {ps:?}"
+    );
+}
+
+// ---------------------------------------------------------------- pass-through
+
+#[test]
+fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_counts_them() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    for i in 0..3 {
+        let resp = c
+            .get("/ok", &[])
+            .unwrap_or_else(|e| panic!("GET #{i} on one connection: {e}{}", px.ctx()));
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(resp.body.len(), 1024);
+        assert!(
+            !resp.closes(),
+            "Connection: close before any drain: {resp:?}"
+        );
+    }
+    // Bodies both ways, on the same connection.
+    c.request("POST", "/upload", &[], Some(&[7u8; 5000]))
+        .unwrap();
+    let up = c.response(false).unwrap();
+    assert_eq!((up.status, up.text().as_str()), (200, "5000\n"));
+    // The app saw each, on one pooled upstream connection.
+    let recv = px.logged("recv GET /ok");
+    assert_eq!(recv.len(), 3, "{}", px.ctx());
+    let peer = |l: &str| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix("peer="))
+            .map(String::from)
+    };
+    assert!(
+        recv.iter().all(|l| peer(l) == peer(&recv[0])),
+        "sequential requests did not reuse the upstream connection: {recv:?}"
+    );
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(text(&rep, "reason"), "drained");
+    // received, rejected, admitted, completed, unknown, abandoned, canceled,
+    // in_flight, malformed
+    assert_eq!(counts(&rep), [4, 0, 4, 4, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(num(&rep, "requests.in_flight_at_start"), 0);
+    assert_eq!(rep["requests"]["lost"].as_array().unwrap().len(), 0);
+    assert_eq!(num(&rep, "streams.opened"), 0);
+}
+
+#[test]
+fn adds_x_forwarded_for_and_drops_hop_by_hop_headers() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    let resp = c
+        .get(
+            "/echo-headers",
+            &[
+                ("Connection", "keep-alive, X-Hop-Secret"),
+                ("X-Hop-Secret", "must not pass"),
+                ("Keep-Alive", "timeout=5"),
+                ("Proxy-Connection", "keep-alive"),
+                ("TE", "trailers"),
+                ("X-End-To-End", "kept"),
+                ("X-Forwarded-For", "10.1.2.3"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let got: Vec<(String, String)> = serde_json::from_slice(&resp.body).unwrap();
+    let get = |k: &str| -> Vec<&str> {
+        got.iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(k))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    assert_eq!(get("x-end-to-end"), ["kept"], "{got:?}");
+    for hop in ["x-hop-secret", "keep-alive", "proxy-connection", "te"] {
+        assert!(
+            get(hop).is_empty(),
+            "hop-by-hop {hop} was forwarded: {got:?}"
+        );
+    }
+    assert!(
+        get("connection")
+            .iter()
+            .all(|v| !v.to_ascii_lowercase().contains("x-hop-secret")),
+        "the client's Connection header was forwarded: {got:?}"
+    );
+    // Appended to what the client sent: "10.1.2.3, 127.0.0.1" (one header or two).
+    // An HTTP/1.0 client gets an HTTP/1.0 response.
+    let mut c10 = px.conn();
+    c10.send(b"GET /ok HTTP/1.0\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    let _ = c10.s.read_to_end(&mut raw);
+    assert!(
+        raw.starts_with(b"HTTP/1.0 200"),
+        "{}",
+        String::from_utf8_lossy(&raw[..raw.len().min(200)])
+    );
+    let xff = get("x-forwarded-for").join(", ");
+    let hops: Vec<&str> = xff.split(',').map(str::trim).collect();
+    assert_eq!(hops, ["10.1.2.3", "127.0.0.1"], "{got:?}");
+    drop(c);
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
+#[test]
+fn streams_a_chunked_response_chunk_by_chunk() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let gate = px.r.path("gate");
+    let mut c = px.conn();
+    c.request(
+        "GET",
+        &format!("/chunked?n=4&gate={}", gate.display()),
+        &[],
+        None,
+    )
+    .unwrap();
+    let (status, head) = c.head().unwrap_or_else(|e| panic!("{e}{}", px.ctx()));
+    assert_eq!(status, 200, "{head:?}");
+    // The app holds its last chunk until the gate exists: the first three must
+    // reach the client before, or the proxy buffered the body.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(
+            c.chunk()
+                .unwrap_or_else(|e| panic!("a chunk before the gate opened: {e}{}", px.ctx())),
+        );
+    }
+    assert_eq!(String::from_utf8_lossy(&got), "chunk 0\nchunk 1\nchunk 2\n");
+    std::fs::write(&gate, "").unwrap();
+    let mut rest = Vec::new();
+    loop {
+        let ch = c.chunk().unwrap();
+        if ch.is_empty() {
+            break;
+        }
+        rest.extend(ch);
+    }
+    assert_eq!(String::from_utf8_lossy(&rest), "chunk 3\n");
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
+
+#[test]
+fn streams_a_256_mib_chunked_upload_without_growing() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    // Warm the proxy's paths up with a small request, then read the baseline.
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let pid = px.r.pid;
+    let base = rss_kb(pid);
+    let peak = Arc::new(AtomicU64::new(base));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let end = Instant::now() + secs(60);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                peak.fetch_max(rss_kb(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    const PIECE: usize = 64 * 1024;
+    const PIECES: usize = 4096; // 256 MiB
+    let mut frame = format!("{PIECE:x}\r\n").into_bytes();
+    frame.extend(std::iter::repeat_n(b'x', PIECE));
+    frame.extend(b"\r\n");
+    let started = Instant::now();
+    let mut c = px.conn();
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    for i in 0..PIECES {
+        c.send(&frame)
+            .unwrap_or_else(|e| panic!("upload cut at piece {i}: {e}{}", px.ctx()));
+    }
+    c.send(b"0\r\n\r\n").unwrap();
+    let resp = c.response(false).unwrap();
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    assert_eq!(
+        (resp.status, resp.text().trim()),
+        (200, (PIECE * PIECES).to_string().as_str()),
+        "the app did not get the whole body"
+    );
+    let peak = peak.load(Ordering::Relaxed);
+    eprintln!("256 MiB upload: {took:?}, drainit VmRSS {base} kB before, peak {peak} kB");
+    assert!(
+        peak < 20 * 1024 && peak - base < 8 * 1024,
+        "drainit grew with the body: VmRSS {base} kB -> peak {peak} kB"
+    );
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
+}
+
+#[test]
+fn streams_a_256_mib_chunked_download_to_a_slow_reader_without_growing() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let pid = px.r.pid;
+    let base = rss_kb(pid);
+    let mut peak = base;
+    let mut c = px.conn();
+    c.request("GET", "/big?mb=256", &[], None).unwrap();
+    let (status, _) = c.head().unwrap();
+    assert_eq!(status, 200);
+    let mut got = 0usize;
+    let mut paused = false;
+    let started = Instant::now();
+    loop {
+        let ch = c
+            .chunk()
+            .unwrap_or_else(|e| panic!("download cut after {got} bytes: {e}{}", px.ctx()));
+        if ch.is_empty() {
+            break;
+        }
+        got += ch.len();
+        if !paused && got >= 1 << 20 {
+            // A reader that stops: the app keeps writing; drainit must not absorb it.
+            paused = true;
+            for _ in 0..50 {
+                std::thread::sleep(Duration::from_millis(10));
+                peak = peak.max(rss_kb(pid));
+            }
+        }
+        if got % (8 << 20) < ch.len() {
+            peak = peak.max(rss_kb(pid));
+        }
+    }
+    let took = started.elapsed();
+    assert_eq!(got, 256 << 20, "the client did not get the whole body");
+    eprintln!("256 MiB download: {took:?}, drainit VmRSS {base} kB before, peak {peak} kB");
+    assert!(
+        peak < 20 * 1024 && peak - base < 8 * 1024,
+        "drainit grew with the body: VmRSS {base} kB -> peak {peak} kB"
+    );
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
+}
+
+// ---------------------------------------------------------------- admission
+
+#[test]
+fn rejects_with_503_before_ready_and_never_reaches_the_app() {
+    // The app listens after 1 s and reports ready (GET /ready) only once the test
+    // creates $TMP/go: both before and after it listens, drainit is not ready.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--ready-interval",
+            "50ms",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--listen-after", "1000", "--ready-file", "$TMP/go"],
+    );
+    // The listen socket is bound before the app starts.
+    assert!(
+        wait_until(secs(10), || !px.logged("start").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let mut rejected = 0;
+    // Before the app listens.
+    let resp = get(px.port, "/ok");
+    assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
+    rejected += 1;
+    // Listening, not ready.
+    assert!(
+        wait_until(secs(10), || !px.logged("listening").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    for _ in 0..3 {
+        let resp = get(px.port, "/ok");
+        assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
+        rejected += 1;
+    }
+    assert!(
+        px.logged("recv GET /ok").is_empty(),
+        "a request reached an app that was not ready{}",
+        px.ctx()
+    );
+    std::fs::write(px.r.path("go"), "").unwrap();
+    px.wait_ready();
+    assert_eq!(get(px.port, "/ok").status, 200);
+    assert_eq!(px.logged("recv GET /ok").len(), 1, "{}", px.ctx());
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.rejected"), rejected, "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
+
+#[test]
+fn an_upstream_that_refuses_gets_a_retryable_503() {
+    // No readiness check (ready at once); the app takes 30 s to listen.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--pre-drain-delay", "0s"],
+        &["--listen-after", "30000"],
+    );
+    px.wait_ready();
+    let resp = get(px.port, "/ok");
+    assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
+    assert!(resp.header("retry-after").is_some(), "{resp:?}");
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [1, 1, 0], "{rep}");
+}
+
+#[test]
+fn the_health_path_follows_readiness_and_never_reaches_the_app() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--proxy-health",
+            "/health",
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--ready-interval",
+            "50ms",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful", "--ready-file", "$TMP/go"],
+    );
+    assert!(
+        wait_until(secs(10), || !px.logged("listening").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    assert_eq!(get(px.port, "/health").status, 503, "before ready");
+    std::fs::write(px.r.path("go"), "").unwrap();
+    px.wait_ready();
+    let h = get(px.port, "/health");
+    assert_eq!((h.status, h.text().trim()), (200, "ready"), "{h:?}");
+    let mut c = px.conn();
+    c.request("HEAD", "/health", &[], None).unwrap();
+    assert_eq!(c.response(true).unwrap().status, 200);
+    // A neighbour path, and another method, are the app's.
+    assert_eq!(get(px.port, "/health/x").status, 404);
+    c.request("POST", "/health", &[], Some(b"x")).unwrap();
+    assert_eq!(c.response(false).unwrap().status, 404);
+    assert_eq!(px.logged("recv POST /health").len(), 1, "{}", px.ctx());
+    drop(c);
+    px.r.signal(libc::SIGTERM);
+    // From T0, inside the pre-drain delay: 503, while the app still serves.
+    let h = get(px.port, "/health");
+    assert_eq!(h.status, 503, "{h:?}");
+    assert!(
+        px.r.t0 + 900 > now_ms(),
+        "the machine is too slow for the 1 s delay"
+    );
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        px.log()
+            .lines()
+            .all(|l| !l.contains("GET /health ") && !l.contains("HEAD /health ")),
+        "the health path reached the app{}",
+        px.ctx()
+    );
+    // Only /health/x, POST /health and /ok are counted.
+    assert_eq!(counts(&rep)[..4], [3, 0, 3, 3], "{rep}");
+}
+
+/// The health path answers as `/readyz` does (README, DESIGN §11): once ready,
+/// a check that fails again makes `/readyz` 503 `degraded`, and the health path
+/// with it, while requests still pass.
+#[test]
+fn the_health_path_fails_when_readyz_says_degraded() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--proxy-health",
+            "/health",
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--ready-interval",
+            "50ms",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--mode", "graceful", "--ready-file", "$TMP/go"],
+    );
+    std::fs::write(px.r.path("go"), "").unwrap();
+    px.wait_ready();
+    assert_eq!(get(px.port, "/health").status, 200);
+    std::fs::remove_file(px.r.path("go")).unwrap();
+    let (st, _, body) = http(px.probe, "/readyz", "GET");
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("degraded"), "{body}");
+    let h = get(px.port, "/health");
+    assert_eq!(
+        h.status, 503,
+        "/readyz says degraded, the health path {h:?}"
+    );
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
+/// A second drain signal cuts the wait for the requests in flight short (README):
+/// the app is signalled at once, and a naive app dies with the request inside.
+#[test]
+fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    let slow = std::thread::spawn(move || {
+        let mut s = Conn::open(port);
+        s.get("/slow?ms=5000", &[]).map(|r| r.status)
+    });
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        px.logged("signal TERM").is_empty(),
+        "forwarded with a request in flight"
+    );
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(4));
+    assert!(
+        !px.logged("signal TERM").is_empty(),
+        "the second signal was not forwarded{}",
+        px.ctx()
+    );
+    // The request died in the app after T0: lost, and the drain is not clean.
+    assert_eq!(code, 2, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 0, "{rep}");
+    assert_eq!(
+        num(&rep, "requests.unknown") + num(&rep, "requests.abandoned"),
+        1,
+        "{rep}"
+    );
+    let got = slow.join().unwrap();
+    assert!(!matches!(got, Ok(200)), "{got:?}");
+}
+
+/// Once the app was signalled, the proxy port still answers (drainit's 503) until
+/// drainit exits, rather than refusing connections.
+#[test]
+fn after_the_forward_the_proxy_port_answers_503_until_the_exit() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful", "--exit-delay", "1500"],
+    );
+    px.wait_ready();
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || !px.logged("signal TERM").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let resp = get(px.port, "/ok");
+    assert_draining_503(&resp, "after the forward");
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [1, 1, 0], "{rep}");
+}
+
+/// Being asked for the health path makes the default pre-drain delay apply, as
+/// `/readyz` does; not being asked leaves it 0 (outside Kubernetes).
+#[test]
+fn asking_the_health_path_makes_the_default_pre_drain_delay_apply() {
+    for ask in [false, true] {
+        let mut px = start_px(
+            Mode::Subreaper,
+            &[
+                "--proxy-health",
+                "/health",
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+            ],
+            &["--mode", "graceful"],
+        );
+        // Ready, without asking /readyz (which would make the delay apply itself).
+        assert!(
+            wait_until(secs(10), || get(px.port, "/ok").status == 200),
+            "{}",
+            px.ctx()
+        );
+        if ask {
+            assert_eq!(get(px.port, "/health").status, 200);
+        }
+        px.r.signal(libc::SIGTERM);
+        if ask {
+            // A second signal cuts the 5 s wait short, not the figure.
+            std::thread::sleep(Duration::from_millis(200));
+            px.r.signal(libc::SIGTERM);
+        }
+        let (code, rep) = px.finish(secs(8));
+        assert_eq!(code, 0, "{}", px.ctx());
+        assert_eq!(
+            num(&rep, "drain.pre_drain_delay_ms"),
+            if ask { 5000 } else { 0 },
+            "asked the health path: {ask}: {rep}"
+        );
+    }
+}
+
+/// The beats with a 1 s pre-drain delay and one slow request keeping the drain
+/// open: `Connection: close` from T0; from T0 + delay a local 503 for a new
+/// connection (with a body, read first) and for an idle keep-alive connection
+/// opened before T0; the slow request completes.
+#[test]
+fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connection() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "6s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    // A: a keep-alive connection, used once, then idle across T0.
+    let mut a = px.conn();
+    let first = a.get("/ok", &[]).unwrap();
+    assert!(first.status == 200 && !first.closes(), "{first:?}");
+    // S: a slow request admitted before T0, keeping the drain open past the delay.
+    let port = px.port;
+    let slow = std::thread::spawn(move || {
+        let mut s = Conn::open(port);
+        s.get("/slow?ms=2500", &[]).map(|r| (r.status, r.closes()))
+    });
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    // Beat 1: still served, with Connection: close, and the connection closes.
+    let mut b = px.conn();
+    let resp = b.get("/ok", &[]).unwrap();
+    assert_eq!(resp.status, 200, "{resp:?}");
+    assert!(resp.closes(), "no Connection: close after T0: {resp:?}");
+    assert!(
+        b.closed(),
+        "the connection stayed open after Connection: close"
+    );
+    assert!(
+        now_ms() < px.r.t0 + 1000,
+        "the machine is too slow for the 1 s delay"
+    );
+    // Beat 3: admission closed.
+    let at = px.r.t0 + 1250;
+    std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
+    let mut c = px.conn();
+    c.request("POST", "/upload", &[], Some(&[b'y'; 16 * 1024]))
+        .unwrap();
+    let resp = c
+        .response(false)
+        .unwrap_or_else(|e| panic!("a new request after the delay: {e}{}", px.ctx()));
+    assert_draining_503(&resp, "a new connection after the delay");
+    let resp = a
+        .get("/ok", &[])
+        .unwrap_or_else(|e| panic!("the idle keep-alive connection was cut: {e}{}", px.ctx()));
+    assert_draining_503(&resp, "an idle keep-alive connection after the delay");
+    assert!(
+        now_ms() < px.r.t0 + 2200,
+        "the machine is too slow: the slow request may be over"
+    );
+    let (st, closes) = slow.join().unwrap().expect("the slow request");
+    assert_eq!(st, 200);
+    assert!(
+        closes,
+        "the slow request's response lacked Connection: close"
+    );
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(px.logged("recv GET /ok").len(), 2, "{}", px.ctx());
+    assert!(px.logged("recv POST").is_empty(), "{}", px.ctx());
+    // A, S, B admitted and completed; C and A's second rejected.
+    assert_eq!(counts(&rep), [5, 2, 3, 3, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(num(&rep, "requests.in_flight_at_start"), 1, "{rep}");
+}
+
+/// An app with no SIGTERM handling (naive: the signal kills it mid-request) gets
+/// its signal only once the request admitted before the drain completed.
+#[test]
+fn the_drain_signal_waits_for_the_request_in_flight_as_subreaper_and_as_pid_1() {
+    for mode in BOTH {
+        let mut px = start_px(
+            mode,
+            &[
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+                "--pre-drain-delay",
+                "200ms",
+                "--drain-timeout",
+                "5s",
+            ],
+            &["--mode", "naive"],
+        );
+        px.wait_ready();
+        let port = px.port;
+        let slow = std::thread::spawn(move || {
+            let mut s = Conn::open(port);
+            s.get("/slow?ms=1500", &[("X-Request-Id", "slow-1")])
+                .map(|r| r.status)
+        });
+        assert!(
+            wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+            "{mode:?}{}",
+            px.ctx()
+        );
+        px.r.signal(libc::SIGTERM);
+        let st = slow.join().unwrap();
+        assert!(
+            matches!(st, Ok(200)),
+            "{mode:?}: the admitted request was not completed: {st:?}{}",
+            px.ctx()
+        );
+        let (code, rep) = px.finish(secs(8));
+        assert_eq!(code, 0, "{mode:?}{}", px.ctx());
+        let done = px
+            .logged_t("respond GET /slow")
+            .expect("the app answered /slow");
+        let sig = px
+            .logged_t("signal TERM")
+            .unwrap_or_else(|| panic!("{mode:?}: the app never got SIGTERM{}", px.ctx()));
+        assert!(
+            sig >= done,
+            "{mode:?}: SIGTERM reached the app {} ms before its request completed",
+            done - sig
+        );
+        assert!(num(&rep, "drain.forwarded_at_ms") >= 1000, "{rep}");
+        assert_eq!(counts(&rep), [1, 0, 1, 1, 0, 0, 0, 0, 0], "{mode:?}: {rep}");
+        assert_eq!(num(&rep, "requests.in_flight_at_start"), 1, "{rep}");
+    }
+}
+
+/// The deadline comes with a request inside a naive app: abandoned, named (no
+/// query), exit 2; as a subreaper and as PID 1.
+#[test]
+fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
+    for mode in BOTH {
+        let mut px = start_px(
+            mode,
+            &[
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+                "--pre-drain-delay",
+                "0s",
+                "--drain-timeout",
+                "1s",
+            ],
+            &["--mode", "naive"],
+        );
+        px.wait_ready();
+        let port = px.port;
+        let slow = std::thread::spawn(move || {
+            let mut s = Conn::open(port);
+            s.get("/slow?ms=8000&secret=1", &[("X-Request-Id", "req-42")])
+                .map(|r| r.status)
+        });
+        assert!(
+            wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+            "{mode:?}{}",
+            px.ctx()
+        );
+        let (code, rep) = px.stop(secs(6));
+        assert_eq!(code, 2, "{mode:?}{}", px.ctx());
+        assert_eq!(text(&rep, "reason"), "abandoned", "{rep}");
+        let lost: Vec<_> = rep["requests"]["lost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    text(l, "outcome").to_string(),
+                    text(l, "method").to_string(),
+                    text(l, "path").to_string(),
+                    l["request_id"].as_str().map(String::from),
+                    // started before T0
+                    l["start_ms"].as_i64().is_some_and(|ms| ms <= 0),
+                )
+            })
+            .collect();
+        let want = (
+            "abandoned".to_string(),
+            "GET".to_string(),
+            "/slow".to_string(),
+            Some("req-42".to_string()),
+            true,
+        );
+        assert_eq!(
+            (counts(&rep), lost),
+            ([1, 0, 1, 0, 0, 1, 0, 0, 0], vec![want]),
+            "{mode:?}: {rep}"
+        );
+        assert!(
+            !px.r.stderr_text().contains("secret"),
+            "the query reached drainit's log or report:\n{}",
+            px.r.stderr_text()
+        );
+        // The client is not left hanging.
+        let got = slow.join().unwrap();
+        assert!(!matches!(got, Ok(200)), "{got:?}");
+    }
+}
+
+#[test]
+fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    // Cut inside the status line: the client gets a 502.
+    let resp = get(px.port, "/cut?at=head");
+    assert_eq!(resp.status, 502, "{resp:?}{}", px.ctx());
+    // Cut inside the body: the head went out, the body is short, the connection ends.
+    let mut c = px.conn();
+    c.request("GET", "/cut?at=body", &[("X-Request-Id", "cut-2")], None)
+        .unwrap();
+    let (st, _) = c.head().unwrap();
+    assert_eq!(st, 200);
+    let short = c.take(1000);
+    assert!(
+        short.is_err(),
+        "the client got a whole body from a cut response"
+    );
+    drop(c);
+    // The proxy still serves.
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let (code, rep) = px.stop(secs(8));
+    // Lost before T0: the drain itself lost nothing.
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep), [3, 0, 3, 1, 2, 0, 0, 0, 0], "{rep}");
+    let lost = rep["requests"]["lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 2, "{rep}");
+    for l in lost {
+        assert_eq!((text(l, "outcome"), text(l, "path")), ("unknown", "/cut"));
+        assert!(l["start_ms"].as_i64().unwrap() < 0, "{l}");
+    }
+    assert!(lost.iter().any(|l| l["request_id"] == "cut-2"), "{rep}");
+}
+
+#[test]
+fn a_client_that_goes_away_mid_request_is_canceled() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("GET", "/slow?ms=800", &[], None).unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    drop(c);
+    // The app finishes its side (or finds the upstream connection closed); the
+    // proxy has nobody to answer.
+    assert!(
+        wait_until(secs(5), || {
+            !px.logged("done GET /slow").is_empty() || !px.logged("broken GET /slow").is_empty()
+        }),
+        "{}",
+        px.ctx()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 0, 1, 0, 0], "{rep}");
+}
+
+#[test]
+fn metrics_count_proxy_requests_by_outcome() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    assert_eq!(get(px.port, "/ok").status, 200);
+    assert_eq!(get(px.port, "/ok").status, 200);
+    assert_eq!(get(px.port, "/cut").status, 502);
+    let (st, _, metrics) = http(px.probe, "/metrics", "GET");
+    assert_eq!(st, 200);
+    let value = |name: &str, label: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(label))
+            .and_then(|l| l.split_whitespace().last())
+            .map(String::from)
+    };
+    let got = [
+        value("drainit_proxy_requests_total{", "outcome=\"completed\""),
+        value("drainit_proxy_requests_total{", "outcome=\"unknown\""),
+        value("drainit_proxy_requests_in_flight", ""),
+        value("drainit_proxy_request_duration_seconds_count", ""),
+    ];
+    let want = ["2", "1", "0", "3"].map(|v| Some(v.to_string()));
+    assert_eq!(
+        got, want,
+        "completed, unknown, in flight, durations:\n{metrics}"
+    );
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
+/// A client that leaves in the middle of its request body went away first: the
+/// request is `canceled`, not lost, and a drain it happens in stays clean.
+#[test]
+fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    px.r.signal(libc::SIGTERM);
+    let mut c = px.conn();
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100000\r\n\r\nabc")
+        .unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv POST /upload").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    drop(c);
+    assert!(
+        now_ms() < px.r.t0 + 900,
+        "the machine is too slow for the 1 s delay"
+    );
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(
+        (code, counts(&rep)),
+        (0, [1, 0, 1, 0, 0, 0, 1, 0, 0]),
+        "{rep}{}",
+        px.ctx()
+    );
+}
+
+/// `OPTIONS *` (asterisk-form, RFC 9112 §3.2.4) is a request for the app like
+/// any other, not an upstream refusal.
+#[test]
+fn an_asterisk_form_options_request_reaches_the_app() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("OPTIONS", "*", &[], None).unwrap();
+    let resp = c.response(false).unwrap();
+    // proxyapp has no OPTIONS handler: Python's http.server answers 501.
+    assert_eq!(resp.status, 501, "{resp:?}{}", px.ctx());
+    assert_eq!(px.logged("recv OPTIONS *").len(), 1, "{}", px.ctx());
+    drop(c);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..4], [1, 0, 1, 1], "{rep}");
+}
+
+/// Six keep-alive clients flood the proxy across a drain: `/readyz` still flips at
+/// once, every request a client sent is answered (200, or drainit's 503 once
+/// admission closed, never a reset), and the ledger counts exactly what the
+/// clients got.
+#[test]
+fn under_a_flood_the_drain_loses_nothing_and_the_ledger_matches_the_clients() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "1s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    // Each client: (200s, 503s, failures); it stops at its first 503.
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut ok, mut rejected, mut failed) = (0u32, 0u32, Vec::new());
+                let end = Instant::now() + secs(10);
+                let mut c = Conn::open(port);
+                while Instant::now() < end {
+                    match c.get("/ok", &[]) {
+                        Ok(r) if r.status == 200 => {
+                            ok += 1;
+                            if r.closes() {
+                                c = Conn::open(port);
+                            }
+                        }
+                        Ok(r) if r.status == 503 => {
+                            rejected += 1;
+                            break;
+                        }
+                        Ok(r) => failed.push(format!("status {}", r.status)),
+                        Err(e) => {
+                            failed.push(e.to_string());
+                            break;
+                        }
+                    }
+                }
+                (ok, rejected, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    px.r.signal(libc::SIGTERM);
+    let sent = Instant::now();
+    let flipped = wait_for(secs(3), || {
+        (http(px.probe, "/readyz", "GET").0 == 503).then(|| sent.elapsed())
+    })
+    .expect("/readyz never failed");
+    let (mut ok, mut rejected) = (0, 0);
+    for c in clients {
+        let (o, r, failed) = c.join().unwrap();
+        assert!(failed.is_empty(), "a client saw {failed:?}{}", px.ctx());
+        assert_eq!(r, 1, "a client never got the 503 of a closed admission");
+        ok += o as i64;
+        rejected += r as i64;
+    }
+    let (code, rep) = px.finish(secs(8));
+    eprintln!("flood: {ok} requests served, /readyz failed {flipped:?} after SIGTERM");
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        flipped < Duration::from_millis(500),
+        "/readyz flipped {flipped:?} after SIGTERM under load (DESIGN: 100 ms)"
+    );
+    assert_eq!(
+        counts(&rep),
+        [ok + rejected, rejected, ok, ok, 0, 0, 0, 0, 0],
+        "{rep}"
+    );
+}
+
+#[test]
+fn the_list_of_lost_requests_is_capped_at_100() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    for _ in 0..105 {
+        assert_eq!(get(px.port, "/cut").status, 502);
+    }
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    let q = &rep["requests"];
+    assert_eq!(
+        (
+            num(q, "unknown"),
+            q["lost"].as_array().unwrap().len(),
+            num(q, "lost_truncated")
+        ),
+        (105, 100, 5),
+        "{rep}"
+    );
+}
+
+/// A keep-alive connection idle across the whole drain neither holds the drain
+/// open nor is left hanging: drainit closes it once the app was signalled.
+#[test]
+fn an_idle_keep_alive_connection_is_closed_at_the_forward_and_does_not_hold_the_drain() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "200ms",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut idle = px.conn();
+    assert_eq!(idle.get("/ok", &[]).unwrap().status, 200);
+    px.r.signal(libc::SIGTERM);
+    let (code, elapsed) = px.r.wait(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        elapsed < 3000,
+        "an idle connection held the drain for {elapsed} ms"
+    );
+    assert!(idle.closed(), "the idle connection was left open");
+    ledger(&px.r.report());
+}
+
+// ---------------------------------------------------------------- bad clients
+
+#[test]
+fn malformed_requests_get_400_oversized_heads_431_and_are_counted() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.send(b"THIS IS NOT HTTP\r\n\r\n").unwrap();
+    let resp = c
+        .response(false)
+        .unwrap_or_else(|e| panic!("{e}{}", px.ctx()));
+    assert_eq!(resp.status, 400, "{resp:?}");
+    // 400 headers (~6 kB: one read, so the 431 is not lost to a reset).
+    let mut head = String::from("GET /ok HTTP/1.1\r\nHost: test\r\n");
+    for i in 0..400 {
+        head.push_str(&format!("X-Pad-{i}: v\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut c = px.conn();
+    c.send(head.as_bytes()).unwrap();
+    let resp = c
+        .response(false)
+        .unwrap_or_else(|e| panic!("{e}{}", px.ctx()));
+    assert_eq!(resp.status, 431, "{resp:?}");
+    assert!(px.logged("recv").is_empty(), "{}", px.ctx());
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.malformed"), 2, "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
+
+#[test]
+fn slowloris_clients_do_not_delay_a_normal_request() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    // 32 clients each sending a head one byte per 100 ms, never finishing it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let port = px.port;
+    let loris = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut conns: Vec<TcpStream> = (0..32)
+                .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+                .collect();
+            let head =
+                b"GET /ok HTTP/1.1\r\nHost: test\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+            let end = Instant::now() + secs(10);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                for s in conns.iter_mut() {
+                    let _ = s.write_all(&head[i % head.len()..i % head.len() + 1]);
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        let t = Instant::now();
+        let resp = get(px.port, "/ok");
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "a normal request took {:?} beside slow clients",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    loris.join().unwrap();
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 5, "{rep}");
+}
+
+#[test]
+fn a_websocket_is_echoed_through_the_proxy_and_counted_as_a_stream() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request(
+        "GET",
+        "/ws",
+        &[
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        ],
+        None,
+    )
+    .unwrap();
+    let (st, head) = c.head().unwrap_or_else(|e| panic!("{e}{}", px.ctx()));
+    assert_eq!(st, 101, "{head:?}{}", px.ctx());
+    let accept = head.iter().find(|(k, _)| k == "sec-websocket-accept");
+    assert_eq!(
+        accept.map(|(_, v)| v.as_str()),
+        Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        "{head:?}"
+    );
+    // Masked text frames, as a client sends them.
+    let frame = |op: u8, payload: &[u8]| {
+        let mask = [1u8, 2, 3, 4];
+        let mut f = vec![0x80 | op, 0x80 | payload.len() as u8];
+        f.extend(mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        f
+    };
+    for msg in ["hello", "through drainit"] {
+        c.send(&frame(0x1, msg.as_bytes())).unwrap();
+        let h = c.take(2).unwrap();
+        assert_eq!(h[0], 0x81, "a text frame back");
+        let body = c.take((h[1] & 0x7f) as usize).unwrap();
+        assert_eq!(String::from_utf8_lossy(&body), msg);
+    }
+    c.send(&frame(0x8, &[0x03, 0xe8])).unwrap();
+    let h = c.take(4).unwrap();
+    assert_eq!(h, [0x88, 2, 0x03, 0xe8], "the close frame echoed");
+    assert!(
+        c.closed(),
+        "the stream did not end after the close handshake"
+    );
+    // The client closes its side too, as RFC 6455 §7.1.1 has it.
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
+    assert_eq!(num(&rep, "streams.abandoned"), 0, "{rep}");
+}
+
+// ---------------------------------------------------------------- bad configuration
+
+#[test]
+fn a_taken_listen_port_exits_78_naming_proxy_and_starts_nothing() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let app = free_port();
+    let tmp = TmpDir::new("proxy-taken");
+    let log = tmp.join("app.log");
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let app_s = app.to_string();
+    let mut r = Running::start_direct(
+        &[
+            OFF,
+            "--proxy",
+            &proxy,
+            "--",
+            python(),
+            &fixture("proxyapp.py"),
+            "--port",
+            &app_s,
+            "--log",
+            log.to_str().unwrap(),
+        ],
+        &[],
+        &[],
+    );
+    let (code, _) = r.wait(secs(10));
+    assert_eq!(code, 78, "{}", r.stderr_text());
+    assert!(r.stderr_text().contains("--proxy"), "{}", r.stderr_text());
+    assert!(!log.exists(), "the app was started");
+    drop(taken);
+}
+
+#[test]
+fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
+    let tmp = TmpDir::new("proxy-bad");
+    let started = tmp.join("started");
+    let touch = ["--", "touch", started.to_str().unwrap()];
+    for bad in [
+        "nonsense",
+        "127.0.0.1:8080",
+        "=127.0.0.1:8081",
+        "127.0.0.1:8080=",
+        "127.0.0.1:x=127.0.0.1:8081",
+        "127.0.0.1:8080=127.0.0.1:99999",
+        "127.0.0.1:8080=127.0.0.1:8080",
+    ] {
+        let mut args = vec![OFF, "--proxy", bad];
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, &[], &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, 64, "--proxy {bad:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains("--proxy"),
+            "--proxy {bad:?}: {}",
+            r.stderr_text()
+        );
+        let mut args = vec![OFF];
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, &[("DRAINIT_PROXY", bad)], &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, 78, "DRAINIT_PROXY={bad:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains("DRAINIT_PROXY"),
+            "DRAINIT_PROXY={bad:?}: {}",
+            r.stderr_text()
+        );
+        let cfg = tmp.join("drainit.toml");
+        std::fs::write(&cfg, format!("proxy = {bad:?}\n")).unwrap();
+        let mut args = vec![OFF, "--config", cfg.to_str().unwrap()];
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, &[], &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, 78, "proxy = {bad:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains("`proxy`"),
+            "proxy = {bad:?}: {}",
+            r.stderr_text()
+        );
+        assert!(!started.exists(), "started on {bad:?}");
+    }
+    // The health path: a path, and only with --proxy.
+    let proxy = "127.0.0.1:8080=127.0.0.1:8081";
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, &'a str);
+    let cases: [Case; 4] = [
+        (
+            &["--proxy", proxy, "--proxy-health", "health"],
+            &[],
+            64,
+            "--proxy-health",
+        ),
+        (
+            &["--proxy", proxy, "--proxy-health", "/h?x=1"],
+            &[],
+            64,
+            "--proxy-health",
+        ),
+        (&["--proxy-health", "/health"], &[], 64, "--proxy"),
+        (
+            &["--proxy", proxy],
+            &[("DRAINIT_PROXY_HEALTH", "x")],
+            78,
+            "DRAINIT_PROXY_HEALTH",
+        ),
+    ];
+    for (flags, env, want, needle) in cases {
+        let mut args = vec![OFF];
+        args.extend(flags);
+        args.extend(touch);
+        let mut r = Running::start_direct(&args, env, &[]);
+        let (code, _) = r.wait(secs(10));
+        assert_eq!(code, want, "{flags:?} {env:?}: {}", r.stderr_text());
+        assert!(
+            r.stderr_text().contains(needle),
+            "{flags:?}: {}",
+            r.stderr_text()
+        );
+        assert!(!started.exists(), "started on {flags:?} {env:?}");
+    }
+}
