@@ -268,18 +268,19 @@ def main():
     ap.add_argument("--haproxy", required=True)
     ap.add_argument("--drainit", default="")
     ap.add_argument("--drainit-skip", default="", help="why drainit is skipped")
+    ap.add_argument("--drainit-alt", default="", help="a second drainit build to compare")
     ap.add_argument("--command", default="bench/proxy.sh")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     q = args.quick
-    args.rounds = env_num("BENCH_ROUNDS", 1 if q else 5)
+    args.rounds = env_num("BENCH_ROUNDS", 1 if q else 10)
     args.rate = env_num("BENCH_RATE", 1000)
     args.conns = env_num("BENCH_CONNS", 16)
-    args.rate_secs = env_num("BENCH_RATE_SECS", 3 if q else 6)
-    args.max_secs = env_num("BENCH_MAX_SECS", 2 if q else 3)
+    args.rate_secs = env_num("BENCH_RATE_SECS", 3)
+    args.max_secs = env_num("BENCH_MAX_SECS", 2)
     w = args.workdir
 
-    ports = {n: free_port() for n in ("app", "haproxy", "nginx", "drainit")}
+    ports = {n: free_port() for n in ("app", "haproxy", "nginx")}
     www = os.path.join(w, "www")
     os.makedirs(www, exist_ok=True)
     with open(os.path.join(www, "1k"), "wb") as f:
@@ -360,21 +361,24 @@ backend app
             sys.exit(f"the upstream nginx did not start; see {w}/app.log and {w}/app/error.log")
         paths.append(Path("direct", ports["app"]))
 
-        drainit_proc = None
-        if args.drainit:
-            drainit_proc = start(
+        # drainit, and optionally a second build of it (BENCH_DRAINIT_ALT) as "drainit-alt"
+        for name, binary in (("drainit", args.drainit), ("drainit-alt", args.drainit_alt)):
+            if not binary:
+                continue
+            ports[name] = free_port()
+            proc = start(
                 [
-                    args.drainit, "--probe-addr", "off", "--log-level", "warn",
-                    "--proxy", f"127.0.0.1:{ports['drainit']}=127.0.0.1:{ports['app']}",
+                    binary, "--probe-addr", "off", "--log-level", "warn",
+                    "--proxy", f"127.0.0.1:{ports[name]}=127.0.0.1:{ports['app']}",
                     "--", "sleep", "infinity",
                 ],
-                "drainit",
+                name,
                 w,
             )
-            procs.append(drainit_proc)
-            if not wait_port(ports["drainit"], drainit_proc):
-                sys.exit(f"drainit --proxy did not start; see {w}/drainit.log")
-            paths.append(Path("drainit", ports["drainit"], drainit_proc, [drainit_proc.pid]))
+            procs.append(proc)
+            if not wait_port(ports[name], proc):
+                sys.exit(f"{binary} --proxy did not start; see {w}/{name}.log")
+            paths.append(Path(name, ports[name], proc, [proc.pid]))
 
         hap = start([args.haproxy, "-db", "-f", hap_conf], "haproxy", w)
         procs.append(hap)
@@ -394,8 +398,6 @@ backend app
             if st != 200 or n != 1024:
                 sys.exit(f"{p.name}: GET /1k answered {st} with {n} body bytes, expected 200 and 1024")
 
-        drainit_path = next((p for p in paths if p.name == "drainit"), None)
-        rss_idle = rss_kb(drainit_path.pids) if drainit_path else None
         idle_rss = {p.name: rss_kb(p.pids) for p in paths if p.pids}
 
         log("warm-up: 2 s at the fixed rate through every path (not counted)")
@@ -411,7 +413,7 @@ backend app
             for p in order:
                 measure_max(args, p, r)
         elapsed = time.monotonic() - t_start
-        hwm = status_kb(drainit_path.pids[0], "VmHWM") if drainit_path else None
+        hwm = {p.name: status_kb(p.pids[0], "VmHWM") for p in paths if p.name.startswith("drainit")}
         for p in paths:
             if p.proc is not None and p.proc.poll() is not None:
                 sys.exit(f"{p.name} exited during the run ({p.proc.returncode}); see {w}/{p.name}.log")
@@ -419,10 +421,10 @@ backend app
         for pr in reversed(procs):
             stop(pr)
 
-    report(args, paths, rss_idle, hwm, idle_rss, load, elapsed)
+    report(args, paths, hwm, idle_rss, load, elapsed)
 
 
-def report(args, paths, rss_idle, hwm, idle_rss, load, elapsed):
+def report(args, paths, hwm, idle_rss, load, elapsed):
     by = {p.name: p for p in paths}
     direct = by["direct"]
     d = {k: med([x[k] for x in direct.lat]) for k in PCTS}
@@ -452,9 +454,10 @@ def report(args, paths, rss_idle, hwm, idle_rss, load, elapsed):
     if args.drainit_skip:
         out.append(f"| drainit | skipped: {args.drainit_skip} | | | | | | | | |")
     out.append("")
-    if "drainit" in by:
-        dr = by["drainit"]
-        lines = []
+    for name in ("drainit", "drainit-alt"):
+        if name not in by:
+            continue
+        dr = by[name]
         for ref in ("haproxy", "nginx"):
             if ref not in by:
                 continue
@@ -464,16 +467,21 @@ def report(args, paths, rss_idle, hwm, idle_rss, load, elapsed):
                 ok = a is not None and b is not None and a > 0 and b > 0
                 parts.append(f"{k} {fmt(a / b, '{:.2f}') + '×' if ok else 'n/a (an added figure ≤ 0)'}")
             rr = med(dr.rps) / med(by[ref].rps) if med(by[ref].rps) else None
-            lines.append(
-                f"- drainit against {ref}: added latency {', '.join(parts)}; "
+            out.append(
+                f"- {name} against {ref}: added latency {', '.join(parts)}; "
                 f"max throughput {fmt(rr, '{:.2f}')}×"
             )
-        out.extend(lines)
         out.append(
-            f"- drainit RSS: idle {fmt(rss_idle)} kB, peak at {args.rate} req/s "
+            f"- {name} RSS: idle {fmt(idle_rss.get(name))} kB, peak at {args.rate} req/s "
             f"{fmt(max(filter(None, dr.rss_rate), default=None))} kB, peak in the closed loop "
-            f"{fmt(max(filter(None, dr.rss_max), default=None))} kB (VmHWM {fmt(hwm)} kB)"
+            f"{fmt(max(filter(None, dr.rss_max), default=None))} kB (VmHWM {fmt(hwm.get(name))} kB)"
         )
+    if args.rounds > 1:
+        spread = ", ".join(
+            f"{k} {min(x[k] for x in direct.lat) * 1e6:.0f}–{max(x[k] for x in direct.lat) * 1e6:.0f}"
+            for k in PCTS
+        )
+        out.append(f"- noise: the direct path's own figures ranged over the rounds as {spread} µs")
     others = [
         f"{n} {fmt(idle_rss.get(n))} kB idle / {fmt(max(filter(None, by[n].rss_max), default=None))} kB loaded"
         for n in ("haproxy", "nginx")
@@ -495,7 +503,9 @@ def report(args, paths, rss_idle, hwm, idle_rss, load, elapsed):
         f"requests. Upstream: nginx, one worker, a 1024-byte static file. "
         f"HAProxy {version([args.haproxy, '-v'])}, nginx {version([args.nginx, '-v'])}, "
         f"oha {version([args.oha, '--version'])}; "
-        f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; measured part {elapsed:.0f} s."
+        + (f"drainit: `{args.drainit}`; " if args.drainit else "")
+        + (f"drainit-alt: `{args.drainit_alt}`; " if args.drainit_alt else "")
+        + f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at the start; measured part {elapsed:.0f} s."
     )
     out.append("")
     out.append(f"Command: `{args.command}`")

@@ -8,19 +8,20 @@
 # DRAINIT_BINARY (or $DRAINIT) defaults to the static build
 # target/x86_64-unknown-linux-musl/release/drainit, then target/release/drainit. A
 # drainit whose --help has no --proxy is skipped (the other paths are still measured).
-# Settings: BENCH_ROUNDS (5), BENCH_RATE (1000 req/s), BENCH_CONNS (16),
-# BENCH_RATE_SECS (6 s per round), BENCH_MAX_SECS (3 s per round); BENCH_KEEP=1
+# Settings: BENCH_ROUNDS (10), BENCH_RATE (1000 req/s), BENCH_CONNS (16),
+# BENCH_RATE_SECS (3 s per round), BENCH_MAX_SECS (2 s per round); BENCH_KEEP=1
 # keeps the scratch directory (configurations, logs); BENCH_NICE=-10 runs it all at
-# that niceness (same for every path) on a machine busy with other work.
+# that niceness (same for every path) on a machine busy with other work;
+# BENCH_DRAINIT_ALT=path adds a second drainit build as path "drainit-alt".
 #
 # Installs what is missing: haproxy and nginx (apt-get), oha (cargo install oha
-# --locked, a few minutes once). Needs python3. About 3 minutes; --quick about 30 s.
+# --locked, a few minutes once). Needs python3. About 4 minutes; --quick (one round) about 30 s.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 # The command as run, with the BENCH_* settings given, for the report.
-command_line="$(env | grep -E '^BENCH_[A-Z_]+=' | sort | tr '\n' ' ')$0${*:+ $*}"
+command_line="$( (env | grep -E '^BENCH_[A-Z_]+=' || true) | sort | tr '\n' ' ')$0${*:+ $*}"
 
 quick=()
 drainit=${DRAINIT:-}
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=(--quick) ;;
         -h | --help)
-            sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         -*) echo "bench-proxy: unknown option $1" >&2; exit 64 ;;
@@ -77,6 +78,12 @@ else
     drainit=$(cd "$(dirname "$drainit")" && pwd)/$(basename "$drainit")
 fi
 if [ -n "$skip" ]; then say "drainit skipped: $skip"; else say "drainit: $drainit"; fi
+alt=${BENCH_DRAINIT_ALT:-}
+if [ -n "$alt" ]; then
+    [ -x "$alt" ] || { say "BENCH_DRAINIT_ALT=$alt is not an executable"; exit 1; }
+    alt=$(cd "$(dirname "$alt")" && pwd)/$(basename "$alt")
+    say "drainit-alt: $alt"
+fi
 
 work=$(mktemp -d /tmp/drainit-bench-proxy.XXXXXX)
 # BENCH_KEEP=1 keeps the scratch directory (configurations, logs) for a look afterwards.
@@ -91,5 +98,5 @@ if [ -n "${BENCH_NICE:-}" ]; then nice=(nice -n "$BENCH_NICE"); say "niceness $B
 "${nice[@]}" python3 "$here/proxy.py" \
     --workdir "$work" --oha "$(command -v oha)" \
     --nginx "$(command -v nginx)" --haproxy "$(command -v haproxy)" \
-    --drainit "$drainit" --drainit-skip "$skip" \
+    --drainit "$drainit" --drainit-skip "$skip" --drainit-alt "$alt" \
     --command "$command_line" "${quick[@]}"
