@@ -1136,6 +1136,45 @@ fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {
 mod tests {
     use super::*;
 
+    /// The first bytes decide, in as many reads as they come, and are read
+    /// again whole through [`Rewind`].
+    #[tokio::test]
+    async fn the_preface_tells_http2_from_http1_and_its_bytes_are_read_again() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cases: [(&[&[u8]], Option<bool>); 4] = [
+            (&[b"GET / HTTP/1.1\r\n\r\n"], Some(false)),
+            (&[b"P", b"OST / HTTP/1.1\r\n\r\n"], Some(false)),
+            (
+                &[b"PRI * HT", b"TP/2.0\r\n\r\nSM\r\n\r\n\0\0\0"],
+                Some(true),
+            ),
+            (&[b"PRI"], None),
+        ];
+        for (pieces, want) in cases {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut tcp, _) = l.accept().await.unwrap();
+            let all: Vec<u8> = pieces.concat();
+            for p in pieces {
+                c.write_all(p).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            c.shutdown().await.unwrap();
+            let got = sniff(&mut tcp).await.unwrap();
+            assert_eq!(got.as_ref().map(|g| g.0), want, "{all:?}");
+            if let Some((_, pre)) = got {
+                let mut io = Rewind {
+                    pre: Bytes::from(pre),
+                    tcp,
+                };
+                let mut again = Vec::new();
+                io.read_to_end(&mut again).await.unwrap();
+                assert_eq!(again, all);
+            }
+        }
+    }
+
     #[test]
     fn hop_by_hop_fields_and_those_connection_names_are_not_forwarded() {
         let mut h = HeaderMap::new();
