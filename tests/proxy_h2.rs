@@ -166,10 +166,27 @@ fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
         log.contains("recv GET /ok stream=") && log.contains("recv GET /trailers stream="),
         "{log}"
     );
+    // A request body streams to the app over HTTP/2 (flow control both hops).
+    let body = px.r.path("body");
+    std::fs::write(&body, vec![b'x'; 300 * 1024]).unwrap();
+    let o = Command::new("timeout")
+        .args(["10", "nghttp", "-d"])
+        .arg(&body)
+        .arg(format!("http://127.0.0.1:{}/len", px.port))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running nghttp");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "307200",
+        "{}{}",
+        out_of(&o),
+        px.ctx()
+    );
     px.r.signal(libc::SIGTERM);
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
-    assert_eq!(counts(&rep), [2, 0, 2, 2, 0, 0, 0], "{rep}");
+    assert_eq!(counts(&rep), [3, 0, 3, 3, 0, 0, 0], "{rep}");
 }
 
 /// The heart of it: a stream admitted before beat 3 finishes after SIGTERM;
