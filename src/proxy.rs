@@ -17,6 +17,10 @@
 //! HTTP/1.1 with keep-alive, chunked bodies streamed both ways (nothing is
 //! buffered whole) and `Upgrade` (WebSocket) passed through; hop-by-hop headers
 //! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` is appended.
+//! A connection that opens with HTTP/2's preface (prior knowledge, as gRPC
+//! speaks it) is served as HTTP/2 and its requests go to the app over HTTP/2
+//! too, trailers included; at beat 3 it gets hyper's two-step GOAWAY instead
+//! of HTTP/1's local 503s.
 
 pub mod ledger;
 pub mod streams;
@@ -294,16 +298,7 @@ static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
 
 async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
     let _ = RUNNING.set(&shared.ledger);
-    let client: Client<HttpConnector, ProxyBody> = {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(UPSTREAM_IDLE)
-            .pool_timer(TokioTimer::new())
-            .retry_canceled_requests(true)
-            .build(connector)
-    };
+    let clients = Clients::new();
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -319,33 +314,186 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
-        let client = client.clone();
+        let clients = clients.clone();
         tokio::spawn(async move {
-            connection(tcp, peer, shared, client).await;
+            connection(tcp, peer, shared, clients).await;
             drop(permit);
         });
     }
 }
 
-/// One client connection: HTTP/1.1 until it closes, or until the gate says
-/// idle connections go.
-async fn connection(
+/// The two upstream clients: HTTP/1.1 for HTTP/1 requests, HTTP/2 (prior
+/// knowledge) for HTTP/2 ones, so that gRPC's trailers and streams go through.
+#[derive(Clone)]
+struct Clients {
+    h1: Client<HttpConnector, ProxyBody>,
+    h2: Client<HttpConnector, ProxyBody>,
+}
+
+impl Clients {
+    fn new() -> Clients {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let h1 = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(UPSTREAM_IDLE)
+            .pool_timer(TokioTimer::new())
+            .retry_canceled_requests(true)
+            .build(connector.clone());
+        let h2 = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(UPSTREAM_IDLE)
+            .pool_timer(TokioTimer::new())
+            .retry_canceled_requests(true)
+            .build(connector);
+        Clients { h1, h2 }
+    }
+}
+
+/// The client connection preface of HTTP/2 (RFC 9113 §3.4): a connection that
+/// opens with it speaks HTTP/2 with prior knowledge.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads a new connection's first bytes until they tell HTTP/2's preface from
+/// an HTTP/1 request line (one byte for most methods). `Ok(None)`: the client
+/// closed first. The bytes read are returned to be replayed ([`Rewind`]).
+async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<(bool, Vec<u8>)>> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::with_capacity(1024);
+    loop {
+        if tcp.read_buf(&mut seen).await? == 0 {
+            return Ok(None);
+        }
+        let k = seen.len().min(H2_PREFACE.len());
+        if seen[..k] != H2_PREFACE[..k] {
+            return Ok(Some((false, seen)));
+        }
+        if k == H2_PREFACE.len() {
+            return Ok(Some((true, seen)));
+        }
+    }
+}
+
+/// A connection whose first bytes were read by [`sniff`]: they are read again
+/// first, then the socket.
+struct Rewind {
+    pre: Bytes,
     tcp: tokio::net::TcpStream,
+}
+
+impl tokio::io::AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            let head = self.pre.split_to(n);
+            buf.put_slice(&head);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+/// Yields when the gate reaches `at` after this receiver last looked (a gate
+/// already there when the connection came does not count: a new connection is
+/// served, and answered as the gate says).
+async fn gate_reaches(gate: &mut watch::Receiver<Gate>, at: Gate) {
+    while gate.changed().await.is_ok() {
+        if *gate.borrow_and_update() >= at {
+            return;
+        }
+    }
+}
+
+/// One client connection: HTTP/2 when it opens with the preface (prior
+/// knowledge), HTTP/1.1 otherwise.
+async fn connection(
+    mut tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     shared: &'static Shared,
-    client: Client<HttpConnector, ProxyBody>,
+    clients: Clients,
 ) {
-    let service = hyper::service::service_fn(move |req| {
-        let client = client.clone();
-        async move { Ok::<_, Infallible>(handle(req, peer, shared, client).await) }
+    let mut gate = shared.gate_tx.subscribe();
+    // The head timeout counts from the connection's start, as hyper's does for
+    // HTTP/1; an idle connection goes at the forward, as hyper's would.
+    let first = tokio::select! {
+        r = tokio::time::timeout(HEAD_TIMEOUT, sniff(&mut tcp)) => r,
+        () = gate_reaches(&mut gate, Gate::Forwarded) => return,
+    };
+    let (h2, pre) = match first {
+        Ok(Ok(Some(first))) => first,
+        Ok(Ok(None) | Err(_)) => return,
+        Err(_) => {
+            shared.ledger.malformed();
+            return;
+        }
+    };
+    let io = TokioIo::new(Rewind {
+        pre: Bytes::from(pre),
+        tcp,
     });
+    let service = hyper::service::service_fn(move |req| {
+        let clients = clients.clone();
+        async move { Ok::<_, Infallible>(handle(req, peer, shared, clients).await) }
+    });
+    if h2 {
+        serve_h2(io, service, gate, shared).await;
+    } else {
+        serve_h1(io, service, gate, shared).await;
+    }
+}
+
+/// HTTP/1.1 until the connection closes, or until the gate says idle
+/// connections go (the forward).
+async fn serve_h1<S>(
+    io: TokioIo<Rewind>,
+    service: S,
+    mut gate: watch::Receiver<Gate>,
+    shared: &'static Shared,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(io, service)
         .with_upgrades();
     tokio::pin!(conn);
-    let mut gate = shared.gate_tx.subscribe();
     let mut closing = false;
     loop {
         tokio::select! {
@@ -357,12 +505,51 @@ async fn connection(
                 }
                 return;
             }
-            changed = gate.changed(), if !closing => {
-                if changed.is_err() || *gate.borrow() >= Gate::Forwarded {
-                    // Finishes the request in progress, if any; closes an idle one.
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
+            () = gate_reaches(&mut gate, Gate::Forwarded), if !closing => {
+                // Finishes the request in progress, if any; closes an idle one.
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// HTTP/2 (prior knowledge) until the connection closes. At beat 3 hyper's
+/// graceful shutdown: GOAWAY with the last stream id 2^31-1 and a PING, then,
+/// once the PING comes back, GOAWAY with the last stream id received
+/// (RFC 9113 §6.8): the streams already open finish; a stream the client
+/// opens after that is ignored, and the client knows from the last id that it
+/// was never processed (safe to retry). A connection that opens after beat 3
+/// gets the GOAWAY at once; the requests it sent meanwhile get drainit's 503.
+async fn serve_h2<S>(
+    io: TokioIo<Rewind>,
+    service: S,
+    mut gate: watch::Receiver<Gate>,
+    shared: &'static Shared,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = ProxyBody> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing = shared.gate() >= Gate::Closed;
+    if closing {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    log::debug!("proxy: HTTP/2 connection ended: {e}");
                 }
+                return;
+            }
+            () = gate_reaches(&mut gate, Gate::Closed), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
             }
         }
     }
@@ -528,16 +715,15 @@ impl Drop for ProxyBody {
     }
 }
 
-/// The request body sent upstream: the client's, streamed.
-type UpBody = ProxyBody;
-
 async fn handle(
     mut req: Request<Incoming>,
     peer: SocketAddr,
     shared: &'static Shared,
-    client: Client<HttpConnector, UpBody>,
+    clients: Clients,
 ) -> Response<ProxyBody> {
     let gate = shared.gate();
+    let version = req.version();
+    let h2 = version == hyper::Version::HTTP_2;
     if let Some(h) = &shared.health
         && req.uri().path() == h
         && matches!(*req.method(), Method::GET | Method::HEAD)
@@ -545,7 +731,7 @@ async fn handle(
         // Something routes by drainit's readiness: the default pre-drain delay
         // applies (DESIGN §2), as for `/readyz`.
         crate::published::note_readyz_asked();
-        return health(shared).await;
+        return health(shared, version).await;
     }
     shared.ledger.received();
     if gate != Gate::Ready && gate != Gate::Closing {
@@ -556,7 +742,7 @@ async fn handle(
             "draining"
         };
         drain_body(req.into_body()).await;
-        return unavailable(why, gate);
+        return unavailable(why, gate, version);
     }
     let request_id = req
         .headers()
@@ -575,12 +761,23 @@ async fn handle(
             .get(header::UPGRADE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let version = req.version();
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
-    let asterisk = parts.uri == "*";
+    // gRPC asks for trailers with `TE: trailers`, the one TE value HTTP/2
+    // allows (RFC 9113 §8.2.2); the request goes on over HTTP/2, so it stays.
+    let te_trailers = h2
+        && parts
+            .headers
+            .get(header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    let asterisk = !h2 && parts.uri == "*";
     strip_hop_by_hop(&mut parts.headers, upgrading);
+    if te_trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     append_forwarded_for(&mut parts.headers, peer);
     parts.uri = upstream_uri(shared.upstream, &parts.uri);
     let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -599,6 +796,7 @@ async fn handle(
     let sent = if asterisk {
         send_asterisk(shared.upstream, up_req).await
     } else {
+        let client = if h2 { &clients.h2 } else { &clients.h1 };
         client
             .request(up_req)
             .await
@@ -612,7 +810,7 @@ async fn handle(
             drop(admitted);
             shared.settled();
             log::debug!("proxy: upstream {} refused: {e}", shared.upstream);
-            return unavailable("upstream refused", shared.gate());
+            return unavailable("upstream refused", shared.gate(), version);
         }
         Err((false, e)) if client_gone.load(Relaxed) => {
             // The client went away while its body was being sent on.
@@ -620,7 +818,7 @@ async fn handle(
             admitted.settle(Outcome::Canceled);
             drop(admitted);
             shared.settled();
-            return local(StatusCode::BAD_REQUEST, "", shared.gate());
+            return local(StatusCode::BAD_REQUEST, "", shared.gate(), version);
         }
         Err((false, e)) => {
             log::debug!("proxy: upstream failed: {e}");
@@ -631,6 +829,7 @@ async fn handle(
                 StatusCode::BAD_GATEWAY,
                 "502 bad gateway: the app closed the connection without a complete response\n",
                 shared.gate(),
+                version,
             );
         }
     };
@@ -689,7 +888,9 @@ async fn handle(
     // not turn the client's keep-alive connection into a one-shot one.
     parts.version = version;
     strip_hop_by_hop(&mut parts.headers, false);
-    if shared.gate() >= Gate::Closing {
+    // HTTP/2 has no `Connection` field (RFC 9113 §8.2.2): its connections go
+    // with GOAWAY at beat 3.
+    if shared.gate() >= Gate::Closing && !h2 {
         parts
             .headers
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -751,7 +952,7 @@ impl Drop for Open {
 
 /// The health path: drainit's own readiness, as `/readyz` (200 only while
 /// ready; 503 before and from T0).
-async fn health(shared: &'static Shared) -> Response<ProxyBody> {
+async fn health(shared: &'static Shared, version: hyper::Version) -> Response<ProxyBody> {
     let gate = shared.gate();
     if gate != Gate::Ready {
         let word = if gate == Gate::NotReady {
@@ -759,7 +960,7 @@ async fn health(shared: &'static Shared) -> Response<ProxyBody> {
         } else {
             "draining\n"
         };
-        return local(StatusCode::SERVICE_UNAVAILABLE, word, gate);
+        return local(StatusCode::SERVICE_UNAVAILABLE, word, gate, version);
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let answer = async {
@@ -773,14 +974,16 @@ async fn health(shared: &'static Shared) -> Response<ProxyBody> {
     // A drain that began meanwhile wins.
     let gate = shared.gate();
     match answer {
-        Some((true, _)) if gate == Gate::Ready => local(StatusCode::OK, "ready\n", gate),
+        Some((true, _)) if gate == Gate::Ready => local(StatusCode::OK, "ready\n", gate, version),
         Some((_, word)) if gate == Gate::Ready => {
-            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, "", gate);
+            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, "", gate, version);
             *r.body_mut() = ProxyBody::text(format!("{word}\n"));
             r
         }
-        _ if gate == Gate::Ready => local(StatusCode::SERVICE_UNAVAILABLE, "unknown\n", gate),
-        _ => local(StatusCode::SERVICE_UNAVAILABLE, "draining\n", gate),
+        _ if gate == Gate::Ready => {
+            local(StatusCode::SERVICE_UNAVAILABLE, "unknown\n", gate, version)
+        }
+        _ => local(StatusCode::SERVICE_UNAVAILABLE, "draining\n", gate, version),
     }
 }
 
@@ -790,16 +993,18 @@ pub const HEALTH_WAIT: Duration = Duration::from_secs(10);
 
 /// drainit's own 503: never reached the app, safe to retry (RFC 9110 §15.6.4,
 /// `Retry-After` §10.2.3, `Proxy-Status` RFC 9209 §2).
-fn unavailable(why: &'static str, gate: Gate) -> Response<ProxyBody> {
+fn unavailable(why: &'static str, gate: Gate, version: hyper::Version) -> Response<ProxyBody> {
     let (body, details) = match why {
         "not ready" => ("503 not ready\n", "\"not ready\""),
         "draining" => ("503 draining\n", "\"draining\""),
         _ => ("503 upstream refused\n", "\"upstream refused\""),
     };
-    let mut r = local(StatusCode::SERVICE_UNAVAILABLE, body, gate);
+    let mut r = local(StatusCode::SERVICE_UNAVAILABLE, body, gate, version);
     let h = r.headers_mut();
     h.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if version < hyper::Version::HTTP_2 {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let status = format!("drainit; error=destination_unavailable; details={details}");
     if let Ok(v) = HeaderValue::from_str(&status) {
         h.insert(HeaderName::from_static("proxy-status"), v);
@@ -807,7 +1012,14 @@ fn unavailable(why: &'static str, gate: Gate) -> Response<ProxyBody> {
     r
 }
 
-fn local(status: StatusCode, text: &'static str, gate: Gate) -> Response<ProxyBody> {
+/// A response of drainit's own; `Connection: close` from T0 on HTTP/1 only
+/// (HTTP/2 has no `Connection` field).
+fn local(
+    status: StatusCode,
+    text: &'static str,
+    gate: Gate,
+    version: hyper::Version,
+) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::local(text));
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -815,7 +1027,7 @@ fn local(status: StatusCode, text: &'static str, gate: Gate) -> Response<ProxyBo
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if gate >= Gate::Closing {
+    if gate >= Gate::Closing && version < hyper::Version::HTTP_2 {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     r
@@ -923,6 +1135,45 @@ fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first bytes decide, in as many reads as they come, and are read
+    /// again whole through [`Rewind`].
+    #[tokio::test]
+    async fn the_preface_tells_http2_from_http1_and_its_bytes_are_read_again() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cases: [(&[&[u8]], Option<bool>); 4] = [
+            (&[b"GET / HTTP/1.1\r\n\r\n"], Some(false)),
+            (&[b"P", b"OST / HTTP/1.1\r\n\r\n"], Some(false)),
+            (
+                &[b"PRI * HT", b"TP/2.0\r\n\r\nSM\r\n\r\n\0\0\0"],
+                Some(true),
+            ),
+            (&[b"PRI"], None),
+        ];
+        for (pieces, want) in cases {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut tcp, _) = l.accept().await.unwrap();
+            let all: Vec<u8> = pieces.concat();
+            for p in pieces {
+                c.write_all(p).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            c.shutdown().await.unwrap();
+            let got = sniff(&mut tcp).await.unwrap();
+            assert_eq!(got.as_ref().map(|g| g.0), want, "{all:?}");
+            if let Some((_, pre)) = got {
+                let mut io = Rewind {
+                    pre: Bytes::from(pre),
+                    tcp,
+                };
+                let mut again = Vec::new();
+                io.read_to_end(&mut again).await.unwrap();
+                assert_eq!(again, all);
+            }
+        }
+    }
 
     #[test]
     fn hop_by_hop_fields_and_those_connection_names_are_not_forwarded() {

@@ -1,0 +1,319 @@
+//! The admission proxy speaking HTTP/2 cleartext with prior knowledge (as gRPC
+//! does; DESIGN §11, §11.1), black box: the real binary in front of
+//! tests/fixtures/h2app.py (an h2c app on Python's `h2`), reached by real HTTP/2
+//! clients: Debian's `nghttp`, and tests/fixtures/h2raw.py, which writes its frames
+//! by hand so that it can open a stream after the server's GOAWAY.
+//!
+//! Durations are short (pre-drain 300 ms, drain 5 s); upper bounds loose.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// drainit with `--proxy 127.0.0.1:port=127.0.0.1:app` in front of h2app.py.
+struct Px {
+    r: Running,
+    /// The proxy's listening port.
+    port: u16,
+    /// drainit's probe port (`/readyz`).
+    probe: u16,
+}
+
+fn start_px() -> Px {
+    let (port, app, probe) = (free_port(), free_port(), free_port());
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let ready = format!("127.0.0.1:{app}");
+    let app = app.to_string();
+    let h2app = fixture("h2app.py");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--ready-tcp",
+        &ready,
+        "--pre-drain-delay",
+        "300ms",
+        "--drain-timeout",
+        "5s",
+        "--",
+        python(),
+        &h2app,
+        "--port",
+        &app,
+        "--log",
+        "$TMP/app.log",
+    ];
+    let r = Running::start(Mode::Subreaper, &args);
+    let px = Px { r, port, probe };
+    assert!(
+        wait_until(secs(10), || http(px.probe, "/readyz", "GET").0 == 200),
+        "drainit never became ready{}",
+        px.ctx()
+    );
+    px
+}
+
+impl Px {
+    /// The app's log (see h2app.py).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.r.path("app.log")).unwrap_or_default()
+    }
+
+    /// The t= of the app's first log line starting with `prefix`.
+    fn logged_t(&self, prefix: &str) -> Option<u64> {
+        let log = self.log();
+        let line = log.lines().find(|l| l.starts_with(prefix))?;
+        line.rsplit_once(" t=")?.1.parse().ok()
+    }
+
+    /// Waits (`within`) for drainit's exit: (exit code, report), the report's
+    /// ledger checked to balance with nothing in flight.
+    fn finish(&mut self, within: Duration) -> (i32, Value) {
+        let (code, _) = self.r.wait(within);
+        let rep = self.r.report();
+        let q = &rep["requests"];
+        let n = |k: &str| num(q, k);
+        assert_eq!(n("received"), n("rejected") + n("admitted"), "{q}");
+        assert_eq!(
+            n("admitted"),
+            n("completed") + n("unknown") + n("abandoned") + n("canceled") + n("in_flight"),
+            "{q}"
+        );
+        assert_eq!(n("in_flight"), 0, "{q}");
+        (code, rep)
+    }
+
+    fn ctx(&self) -> String {
+        format!(
+            "\nstderr:\n{}\napp log:\n{}",
+            self.r.stderr_text(),
+            self.log()
+        )
+    }
+}
+
+/// The report's `requests` counts: received, rejected, admitted, completed,
+/// unknown, abandoned, canceled.
+fn counts(rep: &Value) -> [i64; 7] {
+    let q = &rep["requests"];
+    [
+        "received",
+        "rejected",
+        "admitted",
+        "completed",
+        "unknown",
+        "abandoned",
+        "canceled",
+    ]
+    .map(|k| num(q, k))
+}
+
+/// `nghttp -v` (prior knowledge: an `http://` URI) against the proxy, within 10 s.
+fn nghttp(port: u16, paths: &[&str]) -> Output {
+    let mut c = Command::new("timeout");
+    c.args(["10", "nghttp", "-v"]);
+    for p in paths {
+        c.arg(format!("http://127.0.0.1:{port}{p}"));
+    }
+    c.stdin(Stdio::null()).output().expect("running nghttp")
+}
+
+fn out_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+}
+
+/// The `(stream_id=N) name: value` fields nghttp printed as received.
+fn recv_fields(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter_map(|l| l.split_once("] recv (stream_id=")?.1.split_once(") "))
+        .filter_map(|(_, f)| f.split_once(": "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
+    let mut px = start_px();
+    let o = nghttp(px.port, &["/ok", "/trailers"]);
+    let out = out_of(&o);
+    assert!(o.status.success(), "nghttp failed:\n{out}{}", px.ctx());
+    let fields = recv_fields(&out);
+    let statuses: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == ":status")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(statuses, ["200", "200"], "{out}");
+    assert!(out.contains("\nok\n") || out.contains("ok\n["), "{out}");
+    // The app's trailers reach the client: gRPC's status travels there.
+    assert!(
+        fields.contains(&("grpc-status".into(), "0".into()))
+            && fields.contains(&("x-trailer".into(), "yes".into())),
+        "trailers lost:\n{out}"
+    );
+    assert!(
+        !fields.iter().any(|(k, _)| k == "connection"),
+        "a Connection field on HTTP/2:\n{out}"
+    );
+    let log = px.log();
+    assert!(
+        log.contains("recv GET /ok stream=") && log.contains("recv GET /trailers stream="),
+        "{log}"
+    );
+    // A request body streams to the app over HTTP/2 (flow control both hops).
+    let body = px.r.path("body");
+    std::fs::write(&body, vec![b'x'; 300 * 1024]).unwrap();
+    let o = Command::new("timeout")
+        .args(["10", "nghttp", "-d"])
+        .arg(&body)
+        .arg(format!("http://127.0.0.1:{}/len", px.port))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running nghttp");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "307200",
+        "{}{}",
+        out_of(&o),
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep), [3, 0, 3, 3, 0, 0, 0], "{rep}");
+}
+
+/// The heart of it: a stream admitted before beat 3 finishes after SIGTERM;
+/// at beat 3 the connection gets the two-step GOAWAY (2^31-1, then the last
+/// stream id), a stream opened on it after that never reaches the app (its id
+/// is above the GOAWAY's last one: the client knows it is safe to retry), and
+/// the app is signalled only once the open streams are done. Two clients: h2raw
+/// (hand-written frames: the new stream after GOAWAY) and nghttp (a real
+/// client library: it sees both GOAWAY frames and its stream completes).
+#[test]
+fn at_beat_3_open_streams_finish_after_goaway_and_a_new_stream_is_refused() {
+    let mut px = start_px();
+    let raw = Command::new(python())
+        .arg(fixture("h2raw.py"))
+        .args(["--port", &px.port.to_string()])
+        .args(["--first", "/slow?ms=2000", "--after-goaway", "/ok"])
+        .args(["--wait", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running h2raw.py");
+    let port = px.port;
+    let ng = std::thread::spawn(move || nghttp(port, &["/slow?ms=1500"]));
+    assert!(
+        wait_until(secs(5), || px.log().matches("recv GET /slow").count() == 2),
+        "both slow streams never reached the app{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+
+    let raw = raw.wait_with_output().expect("h2raw.py output");
+    let raw_out = out_of(&raw);
+    let ng = ng.join().unwrap();
+    let ng_out = out_of(&ng);
+    let (code, rep) = px.finish(secs(10));
+    let ctx = format!("\nh2raw:\n{raw_out}\nnghttp:\n{ng_out}{}", px.ctx());
+    assert_eq!(code, 0, "{ctx}");
+
+    // h2raw: GOAWAY in two steps, its stream 1 answered whole after them.
+    let lines: Vec<&str> = raw_out.lines().collect();
+    let at = |prefix: &str| lines.iter().position(|l| l.starts_with(prefix));
+    let first = at("goaway last=2147483647 error=0").expect(&ctx);
+    let second = at("goaway last=1 error=0").expect(&ctx);
+    let sent = at("sent stream=3").expect(&ctx);
+    let end = at("data stream=1 len=0 end=1")
+        .or_else(|| at("data stream=1 len=5 end=1"))
+        .expect(&ctx);
+    assert!(first < second && second < sent && sent < end, "{ctx}");
+    assert!(at("headers stream=1 status=200").is_some(), "{ctx}");
+    // Stream 3 came after the last id: ignored, never answered, never sent on.
+    assert!(!raw_out.contains("stream=3 status"), "{ctx}");
+    assert!(!px.log().contains("recv GET /ok"), "{ctx}");
+
+    // nghttp: the same two GOAWAY frames; its stream completes; exit 0.
+    assert!(ng.status.success(), "{ctx}");
+    let goaways: Vec<&str> = ng_out
+        .lines()
+        .filter(|l| l.contains("last_stream_id=") && !l.contains("last_stream_id=0,"))
+        .collect();
+    assert_eq!(goaways.len(), 2, "{ctx}");
+    assert!(goaways[0].contains("last_stream_id=2147483647"), "{ctx}");
+    assert!(
+        ng_out.contains("\nslow\n") || ng_out.contains("slow\n["),
+        "{ctx}"
+    );
+
+    // The drain signal waited for both streams.
+    let sig = px.logged_t("signal TERM").expect(&ctx);
+    let mut slow_done: Vec<u64> = px
+        .log()
+        .lines()
+        .filter(|l| l.starts_with("done GET /slow"))
+        .filter_map(|l| l.rsplit_once(" t=")?.1.parse().ok())
+        .collect();
+    slow_done.sort_unstable();
+    assert_eq!(slow_done.len(), 2, "{ctx}");
+    assert!(
+        sig >= slow_done[1],
+        "SIGTERM reached the app before its streams completed{ctx}"
+    );
+    assert_eq!(counts(&rep), [2, 0, 2, 2, 0, 0, 0], "{rep}");
+    assert_eq!(num(&rep, "requests.in_flight_at_start"), 2, "{rep}");
+}
+
+/// After beat 3 a new HTTP/2 connection's request gets drainit's 503 (with
+/// `Retry-After`, `Proxy-Status`, no `Connection` field), never reaches the app,
+/// and is counted `rejected`; the connection gets GOAWAY at once.
+#[test]
+fn a_request_on_a_new_connection_after_beat_3_is_rejected_with_503() {
+    let mut px = start_px();
+    // A slow stream holds the drain open past beat 3.
+    let raw = Command::new(python())
+        .arg(fixture("h2raw.py"))
+        .args(["--port", &px.port.to_string()])
+        .args(["--first", "/slow?ms=2500", "--wait", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running h2raw.py");
+    assert!(
+        wait_until(secs(5), || px.log().contains("recv GET /slow")),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
+        "{}",
+        px.ctx()
+    );
+    let o = nghttp(px.port, &["/ok"]);
+    let out = out_of(&o);
+    let fields = recv_fields(&out);
+    let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(field(":status"), Some("503"), "{out}");
+    assert_eq!(field("retry-after"), Some("1"), "{out}");
+    assert!(
+        field("proxy-status").is_some_and(|v| v.starts_with("drainit")),
+        "{out}"
+    );
+    assert_eq!(field("connection"), None, "{out}");
+    assert!(out.contains("recv GOAWAY"), "{out}");
+    let raw = raw.wait_with_output().expect("h2raw.py output");
+    let raw_out = out_of(&raw);
+    assert!(raw_out.contains("data stream=1 len=5"), "{raw_out}");
+    let (code, rep) = px.finish(secs(10));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(!px.log().contains("recv GET /ok"), "{}", px.ctx());
+    assert_eq!(counts(&rep), [2, 1, 1, 1, 0, 0, 0], "{rep}");
+}
