@@ -104,6 +104,8 @@ struct Shared {
     /// Asks the supervisor's thread what `/readyz` would answer.
     ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
     upstream: SocketAddr,
+    /// `upstream` as a URI authority, built once.
+    authority: hyper::http::uri::Authority,
     /// Open WebSockets and SSE responses, closed over `spread` at beat 3.
     streams: StreamSet,
     spread: Duration,
@@ -165,17 +167,21 @@ impl Proxy {
         spread: Duration,
     ) -> std::io::Result<Proxy> {
         let (gate_tx, _) = watch::channel(Gate::NotReady);
-        let shared: &'static Shared = Box::leak(Box::new(Shared {
-            gate: AtomicU8::new(Gate::NotReady as u8),
-            gate_tx,
-            ledger: Ledger::default(),
-            idle: Notify::new(),
-            health,
-            ready_ask,
-            upstream: spec.upstream,
-            streams: StreamSet::default(),
-            spread,
-        }));
+        let shared: &'static Shared =
+            Box::leak(Box::new(Shared {
+                gate: AtomicU8::new(Gate::NotReady as u8),
+                gate_tx,
+                ledger: Ledger::default(),
+                idle: Notify::new(),
+                health,
+                ready_ask,
+                upstream: spec.upstream,
+                authority: spec.upstream.to_string().parse().map_err(|e| {
+                    std::io::Error::other(format!("upstream {}: {e}", spec.upstream))
+                })?,
+                streams: StreamSet::default(),
+                spread,
+            }));
         shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -466,9 +472,11 @@ async fn connection(
         pre: Bytes::from(pre),
         tcp,
     });
+    // The client's address as X-Forwarded-For wants it, once per connection.
+    let peer_ip = forwarded_ip(peer);
     let service = hyper::service::service_fn(move |req| {
-        let clients = clients.clone();
-        async move { Ok::<_, Infallible>(handle(req, peer, shared, clients).await) }
+        let (clients, peer_ip) = (clients.clone(), peer_ip.clone());
+        async move { Ok::<_, Infallible>(handle(req, peer_ip, shared, clients).await) }
     });
     if h2 {
         serve_h2(io, service, gate, shared).await;
@@ -717,7 +725,7 @@ impl Drop for ProxyBody {
 
 async fn handle(
     mut req: Request<Incoming>,
-    peer: SocketAddr,
+    peer_ip: HeaderValue,
     shared: &'static Shared,
     clients: Clients,
 ) -> Response<ProxyBody> {
@@ -744,16 +752,10 @@ async fn handle(
         drain_body(req.into_body()).await;
         return unavailable(why, gate, version);
     }
-    let request_id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let mut admitted = shared.ledger.admit(
-        req.method().as_str(),
-        req.uri().path(),
-        request_id.as_deref(),
-    );
+    let mut admitted =
+        shared
+            .ledger
+            .admit(req.method(), req.uri(), req.headers().get("x-request-id"));
     let upgrading = wants_upgrade(req.headers());
     let websocket = upgrading
         && req
@@ -778,8 +780,8 @@ async fn handle(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    append_forwarded_for(&mut parts.headers, peer);
-    parts.uri = upstream_uri(shared.upstream, &parts.uri);
+    append_forwarded_for(&mut parts.headers, peer_ip);
+    parts.uri = upstream_uri(&shared.authority, &parts.uri);
     let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up_req = Request::from_parts(
         parts,
@@ -1094,15 +1096,37 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     }
 }
 
-fn append_forwarded_for(h: &mut HeaderMap, peer: SocketAddr) {
-    let ip = peer.ip().to_canonical().to_string();
-    let value = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
-        _ => ip,
-    };
-    h.remove("x-forwarded-for");
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        h.insert(HeaderName::from_static("x-forwarded-for"), v);
+/// The client's address as `X-Forwarded-For` gives it (an IPv4-mapped IPv6
+/// address as IPv4).
+fn forwarded_ip(peer: SocketAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.ip().to_canonical().to_string())
+        .unwrap_or(HeaderValue::from_static("unknown"))
+}
+
+/// Appends the client's address (`ip`) to `X-Forwarded-For` (one field, comma
+/// separated, as the de-facto standard has it; RFC 7239 `Forwarded` is not added).
+fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
+    let name = HeaderName::from_static("x-forwarded-for");
+    let prev: Vec<&[u8]> = h
+        .get_all(&name)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .filter(|v| !v.trim_ascii().is_empty())
+        .collect();
+    if prev.is_empty() {
+        h.insert(name, ip);
+        return;
+    }
+    let mut joined = prev.join(&b", "[..]);
+    joined.extend_from_slice(b", ");
+    joined.extend_from_slice(ip.as_bytes());
+    match HeaderValue::from_bytes(&joined) {
+        Ok(v) => {
+            h.insert(name, v);
+        }
+        Err(_) => {
+            h.insert(name, ip);
+        }
     }
 }
 
@@ -1125,11 +1149,18 @@ async fn send_asterisk(
         .map_err(|e| (false, e.to_string()))
 }
 
-fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {
-    let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    format!("http://{upstream}{pq}")
-        .parse()
-        .unwrap_or_else(|_| Uri::from_static("/"))
+/// The request's path and query, addressed to the app (`authority`): built
+/// from parts, without formatting or parsing a string.
+fn upstream_uri(authority: &hyper::http::uri::Authority, uri: &Uri) -> Uri {
+    let mut parts = hyper::http::uri::Parts::default();
+    parts.scheme = Some(hyper::http::uri::Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(
+        uri.path_and_query()
+            .cloned()
+            .unwrap_or_else(|| hyper::http::uri::PathAndQuery::from_static("/")),
+    );
+    Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
 }
 
 #[cfg(test)]
@@ -1206,17 +1237,24 @@ mod tests {
     #[test]
     fn x_forwarded_for_is_appended() {
         let mut h = HeaderMap::new();
-        let peer: SocketAddr = "10.0.0.7:5000".parse().unwrap();
-        append_forwarded_for(&mut h, peer);
+        append_forwarded_for(&mut h, forwarded_ip("10.0.0.7:5000".parse().unwrap()));
         assert_eq!(h["x-forwarded-for"], "10.0.0.7");
-        append_forwarded_for(&mut h, "[::ffff:10.0.0.8]:1".parse().unwrap());
+        append_forwarded_for(&mut h, forwarded_ip("[::ffff:10.0.0.8]:1".parse().unwrap()));
         assert_eq!(h["x-forwarded-for"], "10.0.0.7, 10.0.0.8");
+        // Two fields from the client become one list.
+        h.append("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+        append_forwarded_for(&mut h, forwarded_ip("10.0.0.9:1".parse().unwrap()));
+        assert_eq!(
+            h["x-forwarded-for"],
+            "10.0.0.7, 10.0.0.8, 1.2.3.4, 10.0.0.9"
+        );
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
     }
 
     #[test]
     fn the_upstream_uri_keeps_path_and_query() {
         let u = upstream_uri(
-            "127.0.0.1:8081".parse().unwrap(),
+            &"127.0.0.1:8081".parse().unwrap(),
             &"/a/b?x=1".parse().unwrap(),
         );
         assert_eq!(u.to_string(), "http://127.0.0.1:8081/a/b?x=1");

@@ -15,6 +15,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use hyper::header::HeaderValue;
+use hyper::{Method, Uri};
 use serde::Serialize;
 
 /// How many lost requests the report names (the totals count them all).
@@ -158,16 +160,23 @@ impl Ledger {
         self.malformed.fetch_add(1, Relaxed);
     }
 
-    /// Admits a request: it is in flight until the guard settles it.
-    pub fn admit(&self, method: &str, path: &str, request_id: Option<&str>) -> Admitted<'_> {
+    /// Admits a request: it is in flight until the guard settles it. The
+    /// request's method, URI and `X-Request-Id` are kept as they are (shared
+    /// buffers, no copy) and written out only if the request is lost.
+    pub fn admit(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        request_id: Option<&HeaderValue>,
+    ) -> Admitted<'_> {
         self.admitted.fetch_add(1, Relaxed);
         self.in_flight.fetch_add(1, Relaxed);
         Admitted {
             ledger: self,
             start: Instant::now(),
-            method: truncate(method, 16),
-            path: truncate(path, 256),
-            request_id: request_id.map(|s| truncate(s, 128)),
+            method: method.clone(),
+            uri: uri.clone(),
+            request_id: request_id.cloned(),
             settled: false,
         }
     }
@@ -326,11 +335,15 @@ impl Ledger {
             if lost.0.len() < LOST_LISTED {
                 lost.0.push(Lost {
                     outcome,
-                    method: a.method.clone(),
-                    path: a.path.clone(),
+                    method: truncate(a.method.as_str(), 16),
+                    path: truncate(a.uri.path(), 256),
                     start_ms: 0,
                     start: a.start,
-                    request_id: a.request_id.clone(),
+                    request_id: a
+                        .request_id
+                        .as_ref()
+                        .and_then(|v| v.to_str().ok())
+                        .map(|v| truncate(v, 128)),
                 });
             } else {
                 lost.1 += 1;
@@ -371,9 +384,9 @@ fn truncate(s: &str, max: usize) -> String {
 pub struct Admitted<'a> {
     ledger: &'a Ledger,
     start: Instant,
-    method: String,
-    path: String,
-    request_id: Option<String>,
+    method: Method,
+    uri: Uri,
+    request_id: Option<HeaderValue>,
     settled: bool,
 }
 
@@ -415,16 +428,21 @@ mod tests {
         l.rejected();
         for outcome in [Outcome::Completed, Outcome::Unknown, Outcome::Completed] {
             l.received();
-            let mut a = l.admit("GET", "/a", Some("id-1"));
+            let mut a = l.admit(
+                &Method::GET,
+                &Uri::from_static("/a"),
+                Some(&HeaderValue::from_static("id-1")),
+            );
             a.settle(outcome);
             a.settle(Outcome::Canceled); // once only
         }
         l.received();
-        drop(l.admit("GET", "/gone", None)); // canceled
+        drop(l.admit(&Method::GET, &Uri::from_static("/gone"), None)); // canceled
         l.received();
-        l.admit("POST", "/refused", None).refused();
+        l.admit(&Method::POST, &Uri::from_static("/refused"), None)
+            .refused();
         l.received();
-        let in_flight = l.admit("PUT", "/slow", None);
+        let in_flight = l.admit(&Method::PUT, &Uri::from_static("/slow"), None);
         l.mark_t0();
         let t = l.totals();
         assert!(t.balanced(), "{t:?}");
@@ -447,7 +465,8 @@ mod tests {
         let l = Ledger::default();
         for _ in 0..LOST_LISTED + 7 {
             l.received();
-            l.admit("GET", "/x", None).settle(Outcome::Unknown);
+            l.admit(&Method::GET, &Uri::from_static("/x"), None)
+                .settle(Outcome::Unknown);
         }
         let t = l.totals();
         assert_eq!(t.lost.len(), LOST_LISTED);
