@@ -1591,6 +1591,150 @@ fn a_websocket_is_echoed_through_the_proxy_and_counted_as_a_stream() {
     assert_eq!(num(&rep, "streams.abandoned"), 0, "{rep}");
 }
 
+/// A WebSocket client's handshake on `c` (asserts the 101).
+fn ws_open(px: &Px, c: &mut Conn) {
+    c.request(
+        "GET",
+        "/ws",
+        &[
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        ],
+        None,
+    )
+    .unwrap();
+    let (st, head) = c.head().unwrap_or_else(|e| panic!("{e}{}", px.ctx()));
+    assert_eq!(st, 101, "{head:?}{}", px.ctx());
+}
+
+/// A masked client frame.
+fn ws_frame(op: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [9u8, 8, 7, 6];
+    let mut f = vec![0x80 | op, 0x80 | payload.len() as u8];
+    f.extend(mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// §11.1: WebSockets open at beat 3 are closed by drainit with a close frame 1001
+/// (going away), spread over `--stream-spread`, counted `closed_by_drain`, and
+/// the drain is clean.
+#[test]
+fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "200ms",
+            "--drain-timeout",
+            "5s",
+            "--stream-spread",
+            "1s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut socks: Vec<Conn> = (0..2).map(|_| px.conn()).collect();
+    for c in socks.iter_mut() {
+        ws_open(&px, c);
+        c.send(&ws_frame(0x1, b"hi")).unwrap();
+        assert_eq!(c.take(4).unwrap(), [0x81, 2, b'h', b'i']);
+    }
+    px.r.signal(libc::SIGTERM);
+    let t0 = px.r.t0;
+    let readers: Vec<_> = socks
+        .into_iter()
+        .map(|mut c| {
+            std::thread::spawn(move || {
+                let h = c.take(4).map_err(|e| format!("no close frame: {e}"))?;
+                let at = now_ms() - t0;
+                if h != [0x88, 2, 0x03, 0xe9] {
+                    return Err(format!("not a close frame 1001: {h:?} ({at} ms)"));
+                }
+                // The client answers the close, as RFC 6455 has it.
+                c.send(&ws_frame(0x8, &[0x03, 0xe9])).unwrap();
+                if !c.closed() {
+                    return Err("the stream stayed open after the close handshake".into());
+                }
+                Ok(at)
+            })
+        })
+        .collect();
+    let mut at: Vec<u64> = readers
+        .into_iter()
+        .map(|r| {
+            r.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{e}{}", px.ctx()))
+        })
+        .collect();
+    at.sort();
+    eprintln!("websockets closed by drainit at {at:?} ms after T0");
+    // Beat 3 at 200 ms, then spread over 1 s: not all at once, all within it.
+    assert!(
+        at[0] >= 150 && at[1] < 1200 + 1000 && at[1] - at[0] >= 250,
+        "closed at {at:?} ms after T0, not spread over 1 s from beat 3"
+    );
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(
+        ["opened", "completed", "closed_by_drain", "abandoned"].map(|k| num(&rep["streams"], k)),
+        [2, 0, 2, 0],
+        "{rep}"
+    );
+}
+
+/// §11.1: a server-sent event stream open at beat 3 is ended by drainit at an
+/// event boundary (the client's body ends cleanly, with whole events only).
+#[test]
+fn an_event_stream_is_ended_between_events_at_beat_3() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "200ms",
+            "--drain-timeout",
+            "5s",
+            "--stream-spread",
+            "500ms",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("GET", "/sse?ms=40", &[], None).unwrap();
+    let (st, head) = c.head().unwrap();
+    assert_eq!(st, 200, "{head:?}");
+    let mut body = Vec::new();
+    while !String::from_utf8_lossy(&body).contains("event 2\n\n") {
+        body.extend(c.chunk().unwrap());
+    }
+    px.r.signal(libc::SIGTERM);
+    loop {
+        let ch = c
+            .chunk()
+            .unwrap_or_else(|e| panic!("the event stream was cut, not ended: {e}{}", px.ctx()));
+        if ch.is_empty() {
+            break;
+        }
+        body.extend(ch);
+    }
+    let at = now_ms() - px.r.t0;
+    assert!(at < 3000, "ended {at} ms after T0");
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert!(text.ends_with("\n\n"), "ended mid-event: {text:?}");
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
+
 // ---------------------------------------------------------------- bad configuration
 
 #[test]
