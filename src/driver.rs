@@ -692,12 +692,12 @@ impl Driver {
                     .as_ref()
                     .expect("the machine has a gate only with --proxy");
                 p.set_gate(Gate::Closed);
-                let n = p.ledger().in_flight();
+                let (n, streams) = (p.ledger().in_flight(), p.open_streams());
                 log::info!(
-                    "admission closed: new requests get 503; {n} request(s) in flight; the drain signal waits for them (deadline in {})",
+                    "admission closed: new requests get 503; {n} request(s) in flight and {streams} stream(s) open; the drain signal waits for them (deadline in {})",
                     fmt_ms(self.to_deadline())
                 );
-                if n == 0 {
+                if p.is_quiet() {
                     self.queue.push_back(Event::RequestsDone);
                 }
             }

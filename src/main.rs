@@ -196,12 +196,14 @@ fn run(args: Vec<OsString>) -> i32 {
     };
     // The admission proxy's socket, bound before the spawn like the probe's.
     // Its thread starts before the spawn too: no half-started child if it cannot.
+    let (ready_ask, ready_asks) = tokio::sync::mpsc::channel(64);
     let proxy = match &cfg.proxy {
         Some(spec) => match drainit::proxy::bind(spec.listen) {
             Ok(l) => match drainit::proxy::Proxy::start(
                 l,
                 *spec,
                 cfg.proxy_health.clone(),
+                ready_ask,
                 cfg.stream_spread(),
             ) {
                 Ok(p) => {
@@ -301,6 +303,13 @@ fn run(args: Vec<OsString>) -> i32 {
             }
             hold_nothing(&inherited);
 
+            if proxy.is_some() {
+                tokio::task::spawn_local(probe::answer_readiness(
+                    ready_asks,
+                    state_rx.clone(),
+                    checks.clone(),
+                ));
+            }
             if let Some(l) = listener {
                 tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
             }

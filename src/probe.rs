@@ -276,6 +276,17 @@ pub async fn answer<B>(
             )
         };
     }
+    let (status, body) = readiness(&published, state, checks).await;
+    respond(status, Value::Object(body), head)
+}
+
+/// What `/readyz` answers now: its status and JSON body. Once ready, the checks
+/// are evaluated (single flight).
+async fn readiness(
+    published: &Published,
+    state: &watch::Receiver<Published>,
+    checks: &Rc<Checks>,
+) -> (StatusCode, Map<String, Value>) {
     let mut body = Map::new();
     let status = match published.phase {
         Phase::Starting => {
@@ -316,10 +327,37 @@ pub async fn answer<B>(
             StatusCode::SERVICE_UNAVAILABLE
         }
     };
-    if let Some(text) = published.status_text {
-        body.insert("app_status".into(), text.into());
+    if let Some(text) = &published.status_text {
+        body.insert("app_status".into(), text.clone().into());
     }
-    respond(status, Value::Object(body), head)
+    (status, body)
+}
+
+/// A question from another thread (the admission proxy's health path): what
+/// would `/readyz` answer now? Answered with `(ready, status word)`.
+pub type ReadinessAsk = tokio::sync::oneshot::Sender<(bool, String)>;
+
+/// Answers [`ReadinessAsk`]s exactly as `/readyz` would (the checks evaluated
+/// once ready, single flight), on the supervisor's thread, until every sender is
+/// gone. Spawn it with `spawn_local`.
+pub async fn answer_readiness(
+    mut asks: tokio::sync::mpsc::Receiver<ReadinessAsk>,
+    state: watch::Receiver<Published>,
+    checks: Rc<Checks>,
+) {
+    while let Some(ask) = asks.recv().await {
+        let (state, checks) = (state.clone(), checks.clone());
+        tokio::task::spawn_local(async move {
+            let published = state.borrow().clone();
+            let (status, body) = readiness(&published, &state, &checks).await;
+            let word = body
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string();
+            let _ = ask.send((status == StatusCode::OK, word));
+        });
+    }
 }
 
 /// `/metrics`: the counters, with the states read now. Readiness is what `/readyz`

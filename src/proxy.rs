@@ -97,6 +97,8 @@ struct Shared {
     /// Notified when no admitted request is in flight once admission is closed.
     idle: Notify,
     health: Option<String>,
+    /// Asks the supervisor's thread what `/readyz` would answer.
+    ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
     upstream: SocketAddr,
     /// Open WebSockets and SSE responses, closed over `spread` at beat 3.
     streams: StreamSet,
@@ -148,11 +150,14 @@ impl Proxy {
     /// # Errors
     /// Creating the thread or its runtime failed.
     /// `spread`: over how long the open streams are closed at beat 3
-    /// (`--stream-spread`).
+    /// (`--stream-spread`). The health path (`health`) is answered as `/readyz`:
+    /// `ready_ask` reaches [`crate::probe::answer_readiness`] on the supervisor's
+    /// thread.
     pub fn start(
         listener: StdListener,
         spec: ProxySpec,
         health: Option<String>,
+        ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
         spread: Duration,
     ) -> std::io::Result<Proxy> {
         let (gate_tx, _) = watch::channel(Gate::NotReady);
@@ -162,6 +167,7 @@ impl Proxy {
             ledger: Ledger::default(),
             idle: Notify::new(),
             health,
+            ready_ask,
             upstream: spec.upstream,
             streams: StreamSet::default(),
             spread,
@@ -240,6 +246,16 @@ impl Proxy {
             }
             self.shared.idle.notified().await;
         }
+    }
+
+    /// No admitted request in flight and no stream open.
+    pub fn is_quiet(&self) -> bool {
+        self.shared.quiet()
+    }
+
+    /// Open streams (WebSockets, event streams).
+    pub fn open_streams(&self) -> usize {
+        self.shared.streams.open()
     }
 
     /// The ledger (report, metrics, log lines).
@@ -368,8 +384,8 @@ struct Sse {
     open: Open,
     /// drainit asked it to close: it ends at the next event boundary.
     closing: bool,
-    /// The bytes sent so far end an event.
-    at_boundary: bool,
+    /// The last bytes sent (up to 3), to find an event's end across frames.
+    tail: Vec<u8>,
     /// Ended by drainit; the next poll ends the body.
     ended: bool,
 }
@@ -383,6 +399,15 @@ impl ProxyBody {
     fn local(text: &'static str) -> ProxyBody {
         ProxyBody {
             inner: Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))),
+            admitted: None,
+            shared: None,
+            sse: None,
+        }
+    }
+
+    fn text(text: String) -> ProxyBody {
+        ProxyBody {
+            inner: Inner::Local(Full::new(Bytes::from(text))),
             admitted: None,
             shared: None,
             sse: None,
@@ -419,7 +444,7 @@ impl Body for ProxyBody {
             {
                 sse.closing = true;
             }
-            if sse.closing && sse.at_boundary {
+            if sse.closing && streams::last_event_end(&sse.tail) == Some(sse.tail.len()) {
                 sse.ended = true;
                 sse.open.end = StreamEnd::ClosedByDrain;
                 return Poll::Ready(None);
@@ -432,15 +457,25 @@ impl Body for ProxyBody {
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
             && let Some(data) = frame.data_ref()
         {
+            // Searched with the tail of what went before: an event's blank line
+            // may span two frames.
+            let mut joined = std::mem::take(&mut sse.tail);
+            let before = joined.len();
+            joined.extend_from_slice(&data[..data.len().min(4096)]);
             if sse.closing
-                && let Some(end) = streams::last_event_end(data)
+                && let Some(end) = streams::last_event_end(&joined).filter(|e| *e > before)
             {
                 sse.ended = true;
                 sse.open.end = StreamEnd::ClosedByDrain;
-                let head = data.slice(..end);
+                let head = data.slice(..end - before);
                 return Poll::Ready(Some(Ok(Frame::data(head))));
             }
-            sse.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+            let keep = data.len().min(3);
+            sse.tail = if data.len() >= 3 {
+                data[data.len() - keep..].to_vec()
+            } else {
+                joined[joined.len().saturating_sub(3)..].to_vec()
+            };
         }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
@@ -502,7 +537,7 @@ async fn handle(
         // Something routes by drainit's readiness: the default pre-drain delay
         // applies (DESIGN §2), as for `/readyz`.
         crate::published::note_readyz_asked();
-        return health(gate);
+        return health(shared).await;
     }
     shared.ledger.received();
     if gate != Gate::Ready && gate != Gate::Closing {
@@ -613,7 +648,7 @@ async fn handle(
                 reg: Some(reg),
             },
             closing: false,
-            at_boundary: true,
+            tail: b"\n\n".to_vec(),
             ended: false,
         })
     } else {
@@ -685,13 +720,42 @@ impl Drop for Open {
 
 /// The health path: drainit's own readiness, as `/readyz` (200 only while
 /// ready; 503 before and from T0).
-fn health(gate: Gate) -> Response<ProxyBody> {
-    if gate == Gate::Ready {
-        local(StatusCode::OK, "ready\n", gate)
-    } else {
-        local(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", gate)
+async fn health(shared: &'static Shared) -> Response<ProxyBody> {
+    let gate = shared.gate();
+    if gate != Gate::Ready {
+        let word = if gate == Gate::NotReady {
+            "starting\n"
+        } else {
+            "draining\n"
+        };
+        return local(StatusCode::SERVICE_UNAVAILABLE, word, gate);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let answer = async {
+        shared.ready_ask.send(tx).await.ok()?;
+        rx.await.ok()
+    };
+    let answer = tokio::time::timeout(HEALTH_WAIT, answer)
+        .await
+        .ok()
+        .flatten();
+    // A drain that began meanwhile wins.
+    let gate = shared.gate();
+    match answer {
+        Some((true, _)) if gate == Gate::Ready => local(StatusCode::OK, "ready\n", gate),
+        Some((_, word)) if gate == Gate::Ready => {
+            let mut r = local(StatusCode::SERVICE_UNAVAILABLE, "", gate);
+            *r.body_mut() = ProxyBody::text(format!("{word}\n"));
+            r
+        }
+        _ if gate == Gate::Ready => local(StatusCode::SERVICE_UNAVAILABLE, "unknown\n", gate),
+        _ => local(StatusCode::SERVICE_UNAVAILABLE, "draining\n", gate),
     }
 }
+
+/// How long the health path waits for the readiness evaluation (the checks'
+/// own timeouts end it sooner).
+pub const HEALTH_WAIT: Duration = Duration::from_secs(10);
 
 /// drainit's own 503: never reached the app, safe to retry (RFC 9110 §15.6.4,
 /// `Retry-After` §10.2.3, `Proxy-Status` RFC 9209 §2).
