@@ -50,7 +50,15 @@ fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     args.extend(app_args.iter().map(|a| a.to_string()));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let r = Running::start(mode, &argv);
-    Px { r, port, probe }
+    let px = Px { r, port, probe };
+    // drainit binds the listen socket before it starts the app: once the app
+    // logged its start, connections to the proxy are accepted.
+    assert!(
+        wait_until(secs(10), || !px.logged("start").is_empty()),
+        "the app never started{}",
+        px.ctx()
+    );
+    px
 }
 
 impl Px {
@@ -675,12 +683,6 @@ fn rejects_with_503_before_ready_and_never_reaches_the_app() {
             "0s",
         ],
         &["--listen-after", "1000", "--ready-file", "$TMP/go"],
-    );
-    // The listen socket is bound before the app starts.
-    assert!(
-        wait_until(secs(10), || !px.logged("start").is_empty()),
-        "{}",
-        px.ctx()
     );
     let mut rejected = 0;
     // Before the app listens.
