@@ -1248,8 +1248,51 @@ fn metrics_count_proxy_requests_by_outcome() {
         got, want,
         "completed, unknown, in flight, durations:\n{metrics}"
     );
+    // The in-flight gauge sees a request inside the app.
+    let port = px.port;
+    let slow = std::thread::spawn(move || get(port, "/slow?ms=700").status);
+    let seen = wait_until(secs(5), || {
+        let (_, _, m) = http(px.probe, "/metrics", "GET");
+        m.lines().any(|l| l == "drainit_proxy_requests_in_flight 1")
+    });
+    assert!(
+        seen,
+        "drainit_proxy_requests_in_flight never showed the slow request"
+    );
+    assert_eq!(slow.join().unwrap(), 200);
     let (code, _) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
+}
+
+/// An app that dies with a request inside it (no drain): the client gets a 502,
+/// the request is `unknown`, and drainit exits with the app's status.
+#[test]
+fn an_app_that_dies_mid_request_loses_it_as_unknown() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}"],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    let slow = std::thread::spawn(move || get(port, "/slow?ms=5000").status);
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let app: i32 = px.logged("start pid=")[0]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(kill(app, libc::SIGKILL));
+    assert_eq!(slow.join().unwrap(), 502, "{}", px.ctx());
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 128 + libc::SIGKILL, "{}", px.ctx());
+    assert_eq!(counts(&rep), [1, 0, 1, 0, 1, 0, 0, 0, 0], "{rep}");
+    assert_eq!(rep["requests"]["lost"][0]["path"], "/slow", "{rep}");
 }
 
 /// A client that leaves in the middle of its request body went away first: the
