@@ -423,6 +423,23 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
         .unwrap();
     let up = c.response(false).unwrap();
     assert_eq!((up.status, up.text().as_str()), (200, "5000\n"));
+    // HEAD: the head only, the connection still in step; an error status is a
+    // completed request like any other.
+    c.request("HEAD", "/ok", &[], None).unwrap();
+    let head = c.response(true).unwrap();
+    assert_eq!(
+        (head.status, head.header("content-length")),
+        (200, Some("1024"))
+    );
+    assert_eq!(c.get("/nothing-here", &[]).unwrap().status, 404);
+    // A 30 kB header passes whole.
+    let big = "c".repeat(30_000);
+    let echoed = c.get("/echo-headers", &[("Cookie", &big)]).unwrap();
+    assert_eq!(echoed.status, 200);
+    assert!(
+        echoed.text().contains(&big),
+        "the 30 kB header did not reach the app"
+    );
     // The app saw each, on one pooled upstream connection.
     let recv = px.logged("recv GET /ok");
     assert_eq!(recv.len(), 3, "{}", px.ctx());
@@ -441,7 +458,7 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
     assert_eq!(text(&rep, "reason"), "drained");
     // received, rejected, admitted, completed, unknown, abandoned, canceled,
     // in_flight, malformed
-    assert_eq!(counts(&rep), [4, 0, 4, 4, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(counts(&rep), [7, 0, 7, 7, 0, 0, 0, 0, 0], "{rep}");
     assert_eq!(num(&rep, "requests.in_flight_at_start"), 0);
     assert_eq!(rep["requests"]["lost"].as_array().unwrap().len(), 0);
     assert_eq!(num(&rep, "streams.opened"), 0);
