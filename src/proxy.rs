@@ -376,6 +376,9 @@ pub struct ProxyBody {
     shared: Option<&'static Shared>,
     /// A server-sent event stream (`text/event-stream`).
     sse: Option<Sse>,
+    /// As a request body: set when reading the client's body failed (the
+    /// client went away mid-request: `canceled`, not `unknown`).
+    client_gone: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -402,6 +405,7 @@ impl ProxyBody {
             admitted: None,
             shared: None,
             sse: None,
+            client_gone: None,
         }
     }
 
@@ -411,6 +415,7 @@ impl ProxyBody {
             admitted: None,
             shared: None,
             sse: None,
+            client_gone: None,
         }
     }
 
@@ -476,6 +481,9 @@ impl Body for ProxyBody {
             } else {
                 joined[joined.len().saturating_sub(3)..].to_vec()
             };
+        }
+        if let (Some(flag), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
+            flag.store(true, Relaxed);
         }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
@@ -571,9 +579,11 @@ async fn handle(
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
+    let asterisk = parts.uri == "*";
     strip_hop_by_hop(&mut parts.headers, upgrading);
     append_forwarded_for(&mut parts.headers, peer);
     parts.uri = upstream_uri(shared.upstream, &parts.uri);
+    let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up_req = Request::from_parts(
         parts,
         ProxyBody {
@@ -581,11 +591,22 @@ async fn handle(
             admitted: None,
             shared: None,
             sse: None,
+            client_gone: Some(client_gone.clone()),
         },
     );
-    let mut resp = match client.request(up_req).await {
+    // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4): the pooled client speaks
+    // only origin form; it goes on a connection of its own.
+    let sent = if asterisk {
+        send_asterisk(shared.upstream, up_req).await
+    } else {
+        client
+            .request(up_req)
+            .await
+            .map_err(|e| (e.is_connect(), e.to_string()))
+    };
+    let mut resp = match sent {
         Ok(r) => r,
-        Err(e) if e.is_connect() => {
+        Err((true, e)) => {
             // It never reached the app: safe to retry.
             admitted.refused();
             drop(admitted);
@@ -593,7 +614,15 @@ async fn handle(
             log::debug!("proxy: upstream {} refused: {e}", shared.upstream);
             return unavailable("upstream refused", shared.gate());
         }
-        Err(e) => {
+        Err((false, e)) if client_gone.load(Relaxed) => {
+            // The client went away while its body was being sent on.
+            log::debug!("proxy: the client went away mid-request: {e}");
+            admitted.settle(Outcome::Canceled);
+            drop(admitted);
+            shared.settled();
+            return local(StatusCode::BAD_REQUEST, "", shared.gate());
+        }
+        Err((false, e)) => {
             log::debug!("proxy: upstream failed: {e}");
             admitted.settle(Outcome::Unknown);
             drop(admitted);
@@ -626,6 +655,7 @@ async fn handle(
                 admitted: None,
                 shared: None,
                 sse: None,
+                client_gone: None,
             },
         );
     }
@@ -671,6 +701,7 @@ async fn handle(
             admitted: Some(admitted),
             shared: Some(shared),
             sse,
+            client_gone: None,
         },
     )
 }
@@ -861,6 +892,25 @@ fn append_forwarded_for(h: &mut HeaderMap, peer: SocketAddr) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         h.insert(HeaderName::from_static("x-forwarded-for"), v);
     }
+}
+
+/// Sends an asterisk-form request on a fresh connection to the app. Errors:
+/// `(true, _)` when the connection was refused, `(false, _)` otherwise.
+async fn send_asterisk(
+    upstream: SocketAddr,
+    mut req: Request<ProxyBody>,
+) -> Result<Response<Incoming>, (bool, String)> {
+    let tcp = tokio::net::TcpStream::connect(upstream)
+        .await
+        .map_err(|e| (true, e.to_string()))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| (false, e.to_string()))?;
+    tokio::spawn(conn);
+    *req.uri_mut() = Uri::from_static("*");
+    send.send_request(req)
+        .await
+        .map_err(|e| (false, e.to_string()))
 }
 
 fn upstream_uri(upstream: SocketAddr, uri: &Uri) -> Uri {
