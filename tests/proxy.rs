@@ -1726,6 +1726,23 @@ fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
             })
         })
         .collect();
+    // Admission is closed from beat 3 (200 ms): a new upgrade gets the 503.
+    std::thread::sleep(Duration::from_millis((t0 + 350).saturating_sub(now_ms())));
+    let mut late = px.conn();
+    late.request(
+        "GET",
+        "/ws",
+        &[
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        ],
+        None,
+    )
+    .unwrap();
+    let resp = late.response(false).unwrap();
+    assert_draining_503(&resp, "a new upgrade after beat 3");
     let mut at: Vec<u64> = readers
         .into_iter()
         .map(|r| {
@@ -1748,6 +1765,8 @@ fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
         [2, 0, 2, 0],
         "{rep}"
     );
+    // The two 101s completed, the late upgrade rejected.
+    assert_eq!(counts(&rep), [3, 1, 2, 2, 0, 0, 0, 0, 0], "{rep}");
 }
 
 /// §11.1: a server-sent event stream open at beat 3 is ended by drainit at an
