@@ -1165,6 +1165,50 @@ fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
     }
 }
 
+/// The deadline comes while a response is half streamed: the client's body is
+/// cut (no end of the chunked body), the request `abandoned`, exit 2.
+#[test]
+fn a_response_still_streaming_at_the_deadline_is_abandoned() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "1s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    // The gate never opens: the app holds its last chunk (10 s).
+    let mut c = px.conn();
+    c.request(
+        "GET",
+        "/chunked?n=3&gate=/nonexistent",
+        &[("X-Request-Id", "half")],
+        None,
+    )
+    .unwrap();
+    let (st, _) = c.head().unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(c.chunk().unwrap(), b"chunk 0\n");
+    let (code, rep) = px.stop(secs(6));
+    assert_eq!(code, 2, "{}", px.ctx());
+    assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 1, 0, 0, 0], "{rep}");
+    assert_eq!(rep["requests"]["lost"][0]["request_id"], "half", "{rep}");
+    // The client sees a cut body, not a clean end.
+    let mut ended = false;
+    while let Ok(ch) = c.chunk() {
+        if ch.is_empty() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(!ended, "a cut response ended like a whole one");
+}
+
 #[test]
 fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
     let mut px = start_px(
