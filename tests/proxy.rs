@@ -1497,6 +1497,80 @@ fn under_a_flood_the_drain_loses_nothing_and_the_ledger_matches_the_clients() {
     );
 }
 
+/// Admission closes in one step: with no pre-drain delay and a naive app (the
+/// forward kills it at once), six clients flooding the proxy across the SIGTERM
+/// never get a request admitted and then killed in the app (no 502, nothing
+/// unknown or abandoned), and the ledger counts exactly the 200s and 503s the
+/// clients got. (Without a delay, a keep-alive client may find its connection
+/// closed at the forward, or the listener gone at the exit: those requests never
+/// reached drainit and are not counted.)
+#[test]
+fn admission_closes_atomically_under_a_flood_with_no_delay_and_a_naive_app() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    // Each client: (200s, 503s, other statuses).
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut ok, mut rejected, mut bad) = (0i64, 0i64, Vec::new());
+                let end = Instant::now() + secs(10);
+                'conns: while Instant::now() < end {
+                    let Ok(s) = TcpStream::connect(("127.0.0.1", port)) else {
+                        break;
+                    };
+                    s.set_read_timeout(Some(secs(10))).unwrap();
+                    let mut c = Conn { s, buf: Vec::new() };
+                    while Instant::now() < end {
+                        match c.get("/ok", &[]) {
+                            Ok(r) if r.status == 200 => {
+                                ok += 1;
+                                if r.closes() {
+                                    continue 'conns;
+                                }
+                            }
+                            Ok(r) if r.status == 503 => {
+                                rejected += 1;
+                                break 'conns;
+                            }
+                            Ok(r) => bad.push(r.status),
+                            Err(_) => break 'conns,
+                        }
+                    }
+                }
+                (ok, rejected, bad)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    px.r.signal(libc::SIGTERM);
+    let (mut ok, mut rejected) = (0, 0);
+    for c in clients {
+        let (o, r, bad) = c.join().unwrap();
+        assert!(bad.is_empty(), "a client got {bad:?}{}", px.ctx());
+        ok += o;
+        rejected += r;
+    }
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(
+        counts(&rep),
+        [ok + rejected, rejected, ok, ok, 0, 0, 0, 0, 0],
+        "{rep}"
+    );
+}
+
 #[test]
 fn the_list_of_lost_requests_is_capped_at_100() {
     let mut px = start_px(
