@@ -6,6 +6,16 @@
 //!
 //! Every report read here is checked against the ledger's equations (`ledger`).
 //! Durations are short (pre-drain 200 ms–1 s, drain 1–6 s); upper bounds loose.
+//! Tests that depend on when things happen check their own preconditions ("the
+//! machine is too slow") rather than pass by luck. The whole file takes ~30 s.
+//!
+//! Covered: pass-through and keep-alive (both sides), hop-by-hop and
+//! X-Forwarded-For, streaming both ways in bounded memory, the gate before ready,
+//! an upstream that refuses, the health path, the beats (Connection: close, the
+//! draining 503 on new and idle connections, the forward after the last request,
+//! PID 1 too), the deadline (abandoned, named), lost/canceled outcomes, /metrics,
+//! bad clients (400, 431, slowloris), floods across a drain, WebSocket and SSE
+//! streams (§11.1), bad values (64/78).
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -98,6 +108,19 @@ impl Px {
     /// A new client connection to the proxy.
     fn conn(&self) -> Conn {
         Conn::open(self.port)
+    }
+
+    /// Sends SIGTERM and waits (2 s) until drainit has taken it (T0: `/readyz`
+    /// turns 503 in the same step as the gate moves): T0 is when drainit reads
+    /// the signal, and a request sent between the kill and that instant is still
+    /// one from before T0.
+    fn term(&mut self) {
+        self.r.signal(libc::SIGTERM);
+        assert!(
+            wait_until(secs(2), || http(self.probe, "/readyz", "GET").0 == 503),
+            "drainit did not take the SIGTERM{}",
+            self.ctx()
+        );
     }
 
     /// Sends SIGTERM, waits (`within`) for the exit: (exit code, the report after
@@ -786,7 +809,7 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     assert_eq!(c.response(false).unwrap().status, 404);
     assert_eq!(px.logged("recv POST /health").len(), 1, "{}", px.ctx());
     drop(c);
-    px.r.signal(libc::SIGTERM);
+    px.term();
     // From T0, inside the pre-drain delay: 503, while the app still serves.
     let h = get(px.port, "/health");
     assert_eq!(h.status, 503, "{h:?}");
@@ -993,7 +1016,7 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
         "{}",
         px.ctx()
     );
-    px.r.signal(libc::SIGTERM);
+    px.term();
     // Beat 1: still served, with Connection: close, and the connection closes.
     let mut b = px.conn();
     let resp = b.get("/ok", &[]).unwrap();
@@ -1373,7 +1396,7 @@ fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
         &["--mode", "graceful"],
     );
     px.wait_ready();
-    px.r.signal(libc::SIGTERM);
+    px.term();
     let mut c = px.conn();
     c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100000\r\n\r\nabc")
         .unwrap();
