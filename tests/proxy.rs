@@ -1867,8 +1867,14 @@ fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
             })
         })
         .collect();
-    // Admission is closed from beat 3 (200 ms): a new upgrade gets the 503.
-    std::thread::sleep(Duration::from_millis((t0 + 350).saturating_sub(now_ms())));
+    // Admission is closed from beat 3 (200 ms after drainit took the signal, which
+    // is no later than /readyz turning 503): a new upgrade gets the 503.
+    assert!(
+        wait_until(secs(2), || http(px.probe, "/readyz", "GET").0 == 503),
+        "{}",
+        px.ctx()
+    );
+    std::thread::sleep(Duration::from_millis(250));
     let mut late = px.conn();
     late.request(
         "GET",
