@@ -136,6 +136,8 @@ pub struct Driver {
     partial_due: bool,
     /// The admission proxy (`--proxy`), driven at each beat.
     proxy: Option<Proxy>,
+    /// Admission closed in this step: logged at its end.
+    admission_log_due: bool,
 }
 
 impl Driver {
@@ -222,6 +224,7 @@ impl Driver {
             progress_at: None,
             partial_due: false,
             proxy: None,
+            admission_log_due: false,
         }
     }
 
@@ -359,6 +362,9 @@ impl Driver {
             }
             if let Some(start) = self.sample_due.take() {
                 self.finish_sample(start);
+            }
+            if std::mem::take(&mut self.admission_log_due) {
+                self.log_admission_closed();
             }
             self.sampled = None;
             self.child_read = None;
@@ -582,11 +588,15 @@ impl Driver {
         self.ledger.sample(alive.iter().map(procs::Proc::id));
         match start.signal {
             Some(sig) => log::info!(
-                "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}",
+                "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}{}",
                 alive.len(),
                 fmt_ms(start.pre_drain_delay),
                 self.delay_why(start.delay_why),
-                fmt_ms(start.to_deadline)
+                fmt_ms(start.to_deadline),
+                self.proxy.as_ref().map_or(String::new(), |p| format!(
+                    "; proxy: {} request(s) in flight, responses now carry Connection: close",
+                    p.ledger().in_flight()
+                ))
             ),
             None if alive.is_empty() => {}
             None => log::info!(
@@ -692,11 +702,8 @@ impl Driver {
                     .as_ref()
                     .expect("the machine has a gate only with --proxy");
                 p.set_gate(Gate::Closed);
-                let (n, streams) = (p.ledger().in_flight(), p.open_streams());
-                log::info!(
-                    "admission closed: new requests get 503; {n} request(s) in flight and {streams} stream(s) open; the drain signal waits for them (deadline in {})",
-                    fmt_ms(self.to_deadline())
-                );
+                // Logged after this step's "drain started" line (delay 0).
+                self.admission_log_due = true;
                 if p.is_quiet() {
                     self.queue.push_back(Event::RequestsDone);
                 }
@@ -1174,6 +1181,18 @@ impl Driver {
             orphans: self.reaper.borrow().orphans(),
             requests: requests.map(|(totals, streams, _)| (totals, streams)),
         })
+    }
+
+    /// Beat 3 with the proxy: what the forward waits for.
+    fn log_admission_closed(&self) {
+        if let Some(p) = &self.proxy {
+            log::info!(
+                "admission closed: new requests get 503; {} request(s) in flight and {} stream(s) open; the drain signal waits for them (deadline in {})",
+                p.ledger().in_flight(),
+                p.open_streams(),
+                fmt_ms(self.to_deadline())
+            );
+        }
     }
 
     /// The current phase (for tests and the notify relay).

@@ -1936,7 +1936,7 @@ fn an_event_stream_is_ended_between_events_at_beat_3() {
     );
     px.wait_ready();
     let mut c = px.conn();
-    c.request("GET", "/sse?ms=40", &[], None).unwrap();
+    c.request("GET", "/sse", &[], None).unwrap();
     let (st, head) = c.head().unwrap();
     assert_eq!(st, 200, "{head:?}");
     let mut body = Vec::new();

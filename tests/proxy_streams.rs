@@ -1,0 +1,234 @@
+//! Streams through the admission proxy (issue 11, DESIGN §11.1): at beat 3 open
+//! WebSockets are closed with 1001 (going away), spread over `--stream-spread`
+//! rather than in one burst, so their clients reconnect to another replica a
+//! few at a time; an SSE stream is ended between events; the drain signal waits
+//! for the streams. Real clients on raw sockets, a real app (proxyapp.py).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// drainit + proxyapp.py (graceful) with `--proxy`; returns the run and its
+/// proxy port.
+fn replica(flags: &[&str]) -> (Running, u16) {
+    let (port, app) = (free_port(), free_port());
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let ready = format!("127.0.0.1:{app}");
+    let app_port = app.to_string();
+    let app_py = fixture("proxyapp.py");
+    let mut args = vec![
+        "--probe-addr",
+        "off",
+        "--proxy",
+        &proxy,
+        "--ready-tcp",
+        &ready,
+        "--proxy-health",
+        "/health",
+    ];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[
+        "--",
+        python(),
+        &app_py,
+        "--port",
+        &app_port,
+        "--mode",
+        "graceful",
+        "--log",
+        "$TMP/app.log",
+    ]);
+    let r = Running::start(Mode::Subreaper, &args);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Asked on the health path: not a request of the ledger.
+    while http(port, "/health", "GET").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready:\n{}",
+            r.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (r, port)
+}
+
+/// A WebSocket handshake on `port`; the stream after the 101.
+fn ws_open(port: u16) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .ok()?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).ok()? == 0 {
+            return None;
+        }
+        head.push(b[0]);
+    }
+    head.starts_with(b"HTTP/1.1 101").then_some(s)
+}
+
+/// Reads frames until a close frame: its status code (0 when the connection
+/// ended without one).
+fn ws_wait_close(s: &mut TcpStream) -> u16 {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        // Whole frames at the front of `buf` (server frames are unmasked).
+        while buf.len() >= 2 {
+            let len = (buf[1] & 0x7f) as usize;
+            let (hl, len) = match len {
+                126 if buf.len() >= 4 => (4, u16::from_be_bytes([buf[2], buf[3]]) as usize),
+                126 | 127 => break,
+                n => (2, n),
+            };
+            if buf.len() < hl + len {
+                break;
+            }
+            if buf[0] & 0x0f == 0x8 {
+                return if len >= 2 {
+                    u16::from_be_bytes([buf[hl], buf[hl + 1]])
+                } else {
+                    0
+                };
+            }
+            buf.drain(..hl + len);
+        }
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => return 0,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+        }
+    }
+}
+
+#[test]
+fn open_websockets_are_closed_with_1001_spread_over_the_window_and_reconnect_elsewhere() {
+    const N: usize = 100;
+    let (mut a, port_a) = replica(&[
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "8s",
+        "--stream-spread",
+        "3s",
+    ]);
+    let (mut b, port_b) = replica(&["--pre-drain-delay", "0s"]);
+    let sockets: Vec<TcpStream> = (0..N)
+        .map(|i| ws_open(port_a).unwrap_or_else(|| panic!("websocket {i} through A")))
+        .collect();
+    let t0 = Instant::now();
+    a.signal(libc::SIGTERM);
+    let clients: Vec<_> = sockets
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let code = ws_wait_close(&mut s);
+                let at = t0.elapsed();
+                // The client reconnects at once, to the other replica.
+                let again = ws_open(port_b).is_some();
+                (code, at, again)
+            })
+        })
+        .collect();
+    let results: Vec<(u16, Duration, bool)> =
+        clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let (code, _) = a.wait(Duration::from_secs(15));
+    let rep = a.report();
+
+    let mut at: Vec<u128> = results.iter().map(|r| r.1.as_millis()).collect();
+    at.sort_unstable();
+    let burst = at
+        .iter()
+        .enumerate()
+        .map(|(i, t)| at[i..].iter().take_while(|u| **u < t + 300).count())
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "closes from {} ms to {} ms after SIGTERM; at most {burst} within any 300 ms",
+        at[0],
+        at[N - 1]
+    );
+    assert!(
+        results.iter().all(|r| r.0 == 1001),
+        "every client gets a close frame with 1001 (going away): {:?}",
+        results.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    assert!(
+        at[N - 1] - at[0] >= 2000,
+        "spread over the 3 s window, not in one burst: {at:?}"
+    );
+    assert!(burst <= 40, "{burst} closes within 300 ms: {at:?}");
+    assert!(
+        results.iter().all(|r| r.2),
+        "every client reconnected to the other replica at once"
+    );
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(num(&rep, "streams.opened"), N as i64, "{rep}");
+    assert_eq!(num(&rep, "streams.closed_by_drain"), N as i64, "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), N as i64, "{rep}");
+    // The drain signal waited for the streams.
+    assert!(num(&rep, "drain.forwarded_at_ms") >= 2000, "{rep}");
+
+    b.signal(libc::SIGTERM);
+    let (code_b, _) = b.wait(Duration::from_secs(15));
+    let rep_b = b.report();
+    assert_eq!(code_b, 0, "{rep_b}");
+    assert_eq!(num(&rep_b, "streams.opened"), N as i64, "{rep_b}");
+}
+
+#[test]
+fn an_event_stream_is_ended_between_events_with_a_proper_end() {
+    let (mut r, port) = replica(&[
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "5s",
+        "--stream-spread",
+        "0s",
+    ]);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    r.signal(libc::SIGTERM);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let (code, _) = r.wait(Duration::from_secs(10));
+    let rep = r.report();
+    let text = String::from_utf8_lossy(&got);
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    assert!(
+        head.to_ascii_lowercase().contains("text/event-stream"),
+        "{head}"
+    );
+    // Dechunk: the body ends with the last chunk (a proper end, not a cut).
+    assert!(body.ends_with("0\r\n\r\n"), "a cut stream: {body:?}");
+    let mut data = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("chunk size");
+        let n = usize::from_str_radix(size.trim(), 16).expect("hex size");
+        if n == 0 {
+            break;
+        }
+        data.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    assert!(data.contains("data: event 1\n\n"), "{data:?}");
+    assert!(
+        data.ends_with("\n\n"),
+        "ended between events, not inside one: {data:?}"
+    );
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
