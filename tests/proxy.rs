@@ -1359,7 +1359,12 @@ fn an_app_that_dies_mid_request_loses_it_as_unknown() {
     );
     px.wait_ready();
     let port = px.port;
-    let slow = std::thread::spawn(move || get(port, "/slow?ms=5000").status);
+    let slow = std::thread::spawn(move || {
+        let mut c = Conn::open(port);
+        c.get("/slow?ms=5000", &[])
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    });
     assert!(
         wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
         "{}",
@@ -1372,11 +1377,12 @@ fn an_app_that_dies_mid_request_loses_it_as_unknown() {
         .parse()
         .unwrap();
     assert!(kill(app, libc::SIGKILL));
-    assert_eq!(slow.join().unwrap(), 502, "{}", px.ctx());
+    let got = slow.join().unwrap();
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 128 + libc::SIGKILL, "{}", px.ctx());
     assert_eq!(counts(&rep), [1, 0, 1, 0, 1, 0, 0, 0, 0], "{rep}");
     assert_eq!(rep["requests"]["lost"][0]["path"], "/slow", "{rep}");
+    assert_eq!(got, Ok(502), "what the client got{}", px.ctx());
 }
 
 /// A client that leaves in the middle of its request body went away first: the
