@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use clap::{ArgMatches, CommandFactory, Parser};
 
 pub use crate::checks::{Check, CheckKind};
 use crate::drain::SecondSignal;
@@ -644,17 +644,50 @@ pub trait Env {
     fn get_os(&self, key: &str) -> Option<OsString> {
         self.get(key).map(OsString::from)
     }
+    /// Whether some variable's value may not be UTF-8 (`true` when unknown): when
+    /// `false`, [`load_from`] skips its per-variable check.
+    fn may_have_non_utf8(&self) -> bool {
+        true
+    }
 }
 
-/// The process environment.
-pub struct ProcessEnv;
+/// The process environment, read once ([`ProcessEnv::read`]): a lookup is a scan
+/// of this copy, not a `getenv` (which compares the name against every variable
+/// with `strncmp`, about 1,300 instructions each in a 35-variable environment;
+/// start-up reads some forty names). The same copy becomes the child's
+/// environment ([`ProcessEnv::into_vars`]): drainit never changes its own.
+pub struct ProcessEnv {
+    vars: Vec<(OsString, OsString)>,
+}
+
+impl ProcessEnv {
+    /// Every variable of the process environment, in `environ`'s order.
+    pub fn read() -> ProcessEnv {
+        ProcessEnv {
+            vars: std::env::vars_os().collect(),
+        }
+    }
+
+    /// The variables, `(name, value)` in `environ`'s order.
+    pub fn into_vars(self) -> Vec<(OsString, OsString)> {
+        self.vars
+    }
+}
 
 impl Env for ProcessEnv {
     fn get(&self, key: &str) -> Option<String> {
-        std::env::var(key).ok()
+        self.get_os(key)?.into_string().ok()
     }
+    /// The first variable named `key`, as `getenv` finds it.
     fn get_os(&self, key: &str) -> Option<OsString> {
-        std::env::var_os(key)
+        self.vars
+            .iter()
+            .find(|(k, _)| k.as_encoded_bytes() == key.as_bytes())
+            .map(|(_, v)| v.clone())
+    }
+    /// One pass over the values (almost always all UTF-8).
+    fn may_have_non_utf8(&self) -> bool {
+        self.vars.iter().any(|(_, v)| v.to_str().is_none())
     }
 }
 
@@ -684,6 +717,9 @@ fn env_vars(cmd: &clap::Command) -> Vec<String> {
 /// (78) naming it, whatever else is given: taken as unset, a typo'd or corrupted
 /// value would silently become the default (DESIGN §3).
 fn check_env_utf8(cmd: &clap::Command, env: &dyn Env) -> Result<(), ConfigError> {
+    if !env.may_have_non_utf8() {
+        return Ok(());
+    }
     for var in env_vars(cmd) {
         if env.get_os(&var).is_some_and(|v| v.to_str().is_none()) {
             return Err(ConfigError::config(format!(
@@ -709,8 +745,33 @@ pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigErr
         Ok(m) => m,
         Err(e) => return Err(clap_error(e, &args)),
     };
-    let cli = Cli::from_arg_matches(&m).map_err(|e| ConfigError::usage(e.to_string()))?;
-    resolve(cli, &m, env)
+    resolve(Direct::from_matches(&m), &m, env)
+}
+
+/// The [`Cli`] fields [`resolve`] takes as clap parsed them; every setting it
+/// reads from the matches through the resolver (flag, variable, file, default).
+/// Read here rather than by `Cli::from_arg_matches`, which copies the whole
+/// matches and every value to fill fields nothing reads (about 20,000
+/// instructions and 40 allocations at start-up).
+struct Direct {
+    config: Option<PathBuf>,
+    check_config: bool,
+    probe: Option<String>,
+    command: Vec<OsString>,
+}
+
+impl Direct {
+    fn from_matches(m: &ArgMatches) -> Direct {
+        Direct {
+            config: m.get_one::<PathBuf>("config").cloned(),
+            check_config: m.get_flag("check_config"),
+            probe: m.get_one::<String>("probe").cloned(),
+            command: m
+                .get_many::<OsString>("command")
+                .map(|v| v.cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// The [`ConfigError`] for an error of clap's: `--help` / `--version` as code 0 with
@@ -833,7 +894,7 @@ fn key_of_value_at(text: &str, at: usize) -> Option<&str> {
     .then_some(key)
 }
 
-fn resolve(cli: Cli, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigError> {
+fn resolve(cli: Direct, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigError> {
     let (file, text, path) = match &cli.config {
         Some(p) => {
             let (f, t) = read_file(p)?;

@@ -165,7 +165,8 @@ fn run(args: Vec<OsString>) -> i32 {
     };
     let inherited = inherited_fds();
     let probe_mode = asks_probe(&args);
-    let mut cfg = match load_config(args) {
+    let env = ProcessEnv::read();
+    let mut cfg = match load_config(args, &env) {
         Ok(c) => c,
         // A health-check client answers 0 or 1 (Docker reserves 2, and other
         // codes mean nothing to it): a setting it does not need that fails to
@@ -246,9 +247,13 @@ fn run(args: Vec<OsString>) -> i32 {
         log::warn!("becoming a child subreaper failed: {e}; orphans will pass drainit by");
     }
 
+    // At most 64 readiness events per epoll_wait (tokio's default 1024 is a 12 KiB
+    // buffer, its own mmap and page faults at start): drainit watches a handful of
+    // fds; under a flood of probe connections the rest come on the next turn.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .max_io_events_per_tick(64)
         .build()
     {
         Ok(r) => r,
@@ -276,6 +281,7 @@ fn run(args: Vec<OsString>) -> i32 {
 
             let spec = child_spec(
                 &cfg,
+                env.into_vars(),
                 app_socket
                     .as_ref()
                     .map(AppSocket::child_env)
@@ -348,8 +354,8 @@ fn run(args: Vec<OsString>) -> i32 {
 
 /// The configuration, or the exit code after printing why not: `--help` and
 /// `--version` on stdout (0), an error on stderr (64, 78, or 1).
-fn load_config(args: Vec<OsString>) -> Result<config::Config, i32> {
-    match config::load_from(args, &ProcessEnv) {
+fn load_config(args: Vec<OsString>, env: &ProcessEnv) -> Result<config::Config, i32> {
+    match config::load_from(args, env) {
         Ok(c) => Ok(c),
         Err(e) if e.code == exit::CLEAN => {
             let _ = std::io::stdout().write_all(e.message.as_bytes());
@@ -414,14 +420,20 @@ fn bind_probe(probe_addr: &ProbeAddr) -> Result<Option<std::net::TcpListener>, i
     }
 }
 
-/// The child's argv and environment: drainit's environment, without the
+/// The child's argv and environment: drainit's environment (`vars`, as read at
+/// start), without the
 /// `NOTIFY_SOCKET` and `WATCHDOG_*` meant for drainit itself, plus `notify_env`
 /// (the child's own socket with `--ready-notify`), with `LISTEN_PID` rewritten when
 /// it names drainit (socket activation, sd_listen_fds(3)).
-fn child_spec(cfg: &config::Config, notify_env: Vec<(OsString, OsString)>) -> ChildSpec {
+fn child_spec(
+    cfg: &config::Config,
+    vars: Vec<(OsString, OsString)>,
+    notify_env: Vec<(OsString, OsString)>,
+) -> ChildSpec {
     let me = std::process::id().to_string();
     let mut rewrite_listen_pid = false;
-    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+    let env: Vec<(OsString, OsString)> = vars
+        .into_iter()
         .filter(|(k, v)| {
             if k == "LISTEN_PID" && v.to_str() == Some(me.as_str()) {
                 rewrite_listen_pid = true;

@@ -386,18 +386,18 @@ pub fn spawn_child(
         .first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let cstr = |s: &[u8]| CString::new(s).map_err(|_| SpawnError::Nul(shown.clone()));
+    let nul = |_| SpawnError::Nul(shown.clone());
     let argv: Vec<CString> = spec
         .argv
         .iter()
-        .map(|a| cstr(a.as_bytes()))
+        .map(|a| CString::new(a.as_bytes()).map_err(nul))
         .collect::<Result<_, _>>()?;
     let mut env: Vec<CString> = Vec::with_capacity(spec.env.len());
     for (k, v) in &spec.env {
         if spec.rewrite_listen_pid && k.as_bytes() == b"LISTEN_PID" {
             continue;
         }
-        env.push(cstr(&env_entry(k, v))?);
+        env.push(CString::new(env_entry(k, v)).map_err(nul)?);
     }
     let launch = Launch {
         argv: &argv,
@@ -419,9 +419,10 @@ pub fn spawn_child(
     })
 }
 
-/// `KEY=VALUE`, as `envp` holds it.
+/// `KEY=VALUE`, as `envp` holds it, with room for the NUL `CString::new` adds
+/// (one allocation per variable, not two).
 fn env_entry(k: &std::ffi::OsStr, v: &std::ffi::OsStr) -> Vec<u8> {
-    let mut kv = Vec::with_capacity(k.len() + 1 + v.len());
+    let mut kv = Vec::with_capacity(k.len() + 1 + v.len() + 1);
     kv.extend_from_slice(k.as_bytes());
     kv.push(b'=');
     kv.extend_from_slice(v.as_bytes());

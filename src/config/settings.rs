@@ -13,6 +13,7 @@
 //! The order of [`SETTINGS`] is the order of the file's keys (in the message for an
 //! unknown key), of validation, and of `--check-config`'s lines.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
@@ -57,8 +58,10 @@ pub(super) struct Setting {
 }
 
 /// A value as given: one item (a list: any number), each with where it came from.
+/// An item is borrowed where it can be (a default, clap's value, the file's): the
+/// settings are resolved at every start.
 pub(super) struct Given<'a> {
-    pub items: Vec<(String, Origin<'a>)>,
+    pub items: Vec<(Cow<'a, str>, Origin<'a>)>,
     /// Where the value as a whole came from (a list given empty is refused there).
     pub whole: Origin<'a>,
     pub env: &'a dyn Env,
@@ -586,7 +589,7 @@ impl Resolver<'_> {
     /// # Errors
     /// A plain-millisecond variable that is no whole number, or too long, even when
     /// a flag overrides it.
-    pub fn given(&self, s: &Setting) -> Result<Given<'_>, ConfigError> {
+    pub fn given(&self, s: &'static Setting) -> Result<Given<'_>, ConfigError> {
         let millis = match s.millis_env {
             Some(var) => self.millis(var)?,
             None => None,
@@ -609,16 +612,17 @@ impl Resolver<'_> {
             Some(ValueSource::EnvVariable) => Origin::Env(env_name(key)),
             _ => Origin::Flag(flag_of(key)),
         };
-        Some(self.one(v.clone(), origin))
+        Some(self.one(Cow::Borrowed(v), origin))
     }
 
     /// A repeatable flag: the command line, else `DRAINIT_<FLAG>` split on
     /// commas (empty items dropped), else `None`.
     pub fn list(&self, key: &'static str) -> Option<Given<'_>> {
-        let (items, whole): (Vec<String>, _) = match self.m.get_many::<String>(key) {
-            Some(v) if self.m.value_source(key) == Some(ValueSource::CommandLine) => {
-                (v.cloned().collect(), Origin::Flag(flag_of(key)))
-            }
+        let (items, whole): (Vec<Cow<'_, str>>, _) = match self.m.get_many::<String>(key) {
+            Some(v) if self.m.value_source(key) == Some(ValueSource::CommandLine) => (
+                v.map(|s| Cow::Borrowed(s.as_str())).collect(),
+                Origin::Flag(flag_of(key)),
+            ),
             _ => {
                 let var = env_name(key);
                 let v = self.env.get(&var)?;
@@ -626,7 +630,7 @@ impl Resolver<'_> {
                     .split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
-                    .map(String::from)
+                    .map(|s| Cow::Owned(s.to_string()))
                     .collect();
                 (items, Origin::Env(var))
             }
@@ -654,19 +658,25 @@ impl Resolver<'_> {
             .map_err(|_| refuse(format!("'{v}' is not a whole number of milliseconds")))?;
         at_most_max(Duration::from_millis(n))
             .map_err(|max| refuse(format!("'{v}' is too long: at most {max} (604800000)")))?;
-        Ok(Some(self.one(format!("{n}ms"), Origin::Env(var.into()))))
+        Ok(Some(self.one(
+            Cow::Owned(format!("{n}ms")),
+            Origin::Env(var.into()),
+        )))
     }
 
     /// The file's value for `key`.
     fn in_file(&self, key: &'static str) -> Option<Given<'_>> {
         Some(match self.file.values.get(key)? {
-            FileValue::Text(v) => self.one(v.get_ref().clone(), self.at(key, v.span())),
-            FileValue::Switch(v) => self.one(v.get_ref().to_string(), self.at(key, v.span())),
+            FileValue::Text(v) => self.one(Cow::Borrowed(v.get_ref()), self.at(key, v.span())),
+            FileValue::Switch(v) => {
+                let text = if *v.get_ref() { "true" } else { "false" };
+                self.one(Cow::Borrowed(text), self.at(key, v.span()))
+            }
             FileValue::List(list) => Given {
                 items: list
                     .get_ref()
                     .iter()
-                    .map(|v| (v.get_ref().clone(), self.at(key, v.span())))
+                    .map(|v| (Cow::Borrowed(v.get_ref().as_str()), self.at(key, v.span())))
                     .collect(),
                 whole: self.at(key, list.span()),
                 env: self.env,
@@ -674,23 +684,23 @@ impl Resolver<'_> {
         })
     }
 
-    fn default(&self, s: &Setting) -> Given<'_> {
+    fn default(&self, s: &'static Setting) -> Given<'_> {
         match s.shape {
             Shape::List => Given {
                 items: s
                     .default
                     .split(',')
                     .filter(|v| !v.is_empty())
-                    .map(|v| (v.to_string(), Origin::Default))
+                    .map(|v| (Cow::Borrowed(v), Origin::Default))
                     .collect(),
                 whole: Origin::Default,
                 env: self.env,
             },
-            Shape::Text | Shape::Switch => self.one(s.default.to_string(), Origin::Default),
+            Shape::Text | Shape::Switch => self.one(Cow::Borrowed(s.default), Origin::Default),
         }
     }
 
-    fn one<'a>(&'a self, v: String, origin: Origin<'a>) -> Given<'a> {
+    fn one<'a>(&'a self, v: Cow<'a, str>, origin: Origin<'a>) -> Given<'a> {
         Given {
             items: vec![(v, origin.clone())],
             whole: origin,
@@ -721,7 +731,12 @@ pub(super) fn flag_of(key: &str) -> String {
     key.replace('_', "-")
 }
 
-/// The `DRAINIT_*` variable of a clap id.
+/// The `DRAINIT_*` variable of a clap id (one allocation: start-up builds one
+/// per list setting).
 pub(super) fn env_name(key: &str) -> String {
-    format!("DRAINIT_{}", key.to_ascii_uppercase())
+    let mut name = String::with_capacity("DRAINIT_".len() + key.len());
+    name.push_str("DRAINIT_");
+    name.push_str(key);
+    name.make_ascii_uppercase();
+    name
 }
