@@ -42,7 +42,43 @@ struct Px {
 /// Starts drainit in `mode` with `--probe-addr`, `--proxy` and `flags` (in which
 /// `{app}` is replaced by the app's port), running proxyapp.py with
 /// `--port APP --log $TMP/app.log` and `app_args`.
+///
+/// The three ports come from [`free_port`], which frees them before they are
+/// bound: on a busy machine another process may take one first. Such a start
+/// (drainit or the app finds its port in use) is retried with new ports, at most
+/// three times; the app's port is checked only when it listens at once.
 fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
+    let listens_at_once = !app_args.contains(&"--listen-after");
+    for attempt in 1..=3 {
+        let px = start_px_once(mode, flags, app_args);
+        let started = wait_for(secs(10), || {
+            if !px.logged("start").is_empty()
+                && (!listens_at_once || !px.logged("listening").is_empty())
+            {
+                Some(true)
+            } else if !alive(px.r.pid) {
+                Some(false)
+            } else {
+                None
+            }
+        });
+        let taken = {
+            let err = px.r.stderr_text();
+            err.contains("Address already in use") || err.contains("address in use")
+        };
+        match started {
+            Some(true) => return px,
+            Some(false) if taken && attempt < 3 => {
+                eprintln!("start_px: a port was taken by someone else, retrying");
+                continue;
+            }
+            _ => panic!("the app never started (attempt {attempt}){}", px.ctx()),
+        }
+    }
+    unreachable!()
+}
+
+fn start_px_once(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     let (port, app, probe) = (free_port(), free_port(), free_port());
     let probe_addr = format!("127.0.0.1:{probe}");
     let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
@@ -59,16 +95,13 @@ fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     ]);
     args.extend(app_args.iter().map(|a| a.to_string()));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let r = Running::start(mode, &argv);
-    let px = Px { r, port, probe };
     // drainit binds the listen socket before it starts the app: once the app
     // logged its start, connections to the proxy are accepted.
-    assert!(
-        wait_until(secs(10), || !px.logged("start").is_empty()),
-        "the app never started{}",
-        px.ctx()
-    );
-    px
+    Px {
+        r: Running::start(mode, &argv),
+        port,
+        probe,
+    }
 }
 
 impl Px {
