@@ -90,6 +90,9 @@ pub const REJECT_BODY_MAX: usize = 64 * 1024;
 pub const REJECT_BODY_TIME: Duration = Duration::from_secs(1);
 /// `Retry-After` of drainit's own 503s, seconds (RFC 9110 §10.2.3).
 pub const RETRY_AFTER_S: u32 = 1;
+/// At the exit, how long requests still in flight get to settle by themselves
+/// (their app is gone) before drainit cuts them.
+pub const STOP_SETTLE: Duration = Duration::from_millis(200);
 /// Connections kept open at most; past it, new ones wait in the kernel's backlog.
 pub const MAX_CONNECTIONS: usize = 4096;
 
@@ -277,6 +280,15 @@ impl Proxy {
     /// listener and every connection are closed. Returns when the thread has
     /// settled every request (a few ms).
     pub fn stop(&mut self) {
+        // An app that died by itself took its requests with it: their upstream
+        // connections are reset, and the proxy thread settles them (`unknown`,
+        // a 502 to the client) within moments. Give it those moments before
+        // cutting what is left.
+        let ledger = &self.shared.ledger;
+        let until = Instant::now() + STOP_SETTLE;
+        while !ledger.cutting() && ledger.in_flight() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.shared.ledger.cut_all();
         if let Some(tx) = self.stop_tx.take() {
             let _ = tx.send(());
