@@ -87,7 +87,21 @@ pub const REJECT_BODY_TIME: Duration = Duration::from_secs(1);
 /// `Retry-After` of drainit's own 503s, seconds (RFC 9110 §10.2.3).
 pub const RETRY_AFTER_S: u32 = 1;
 /// Connections kept open at most; past it, new ones wait in the kernel's backlog.
+/// Fewer under a low `RLIMIT_NOFILE`: see [`connection_cap`].
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`: the descriptors
+/// left after the probe server's share ([`crate::probe::connection_cap`]: half of
+/// what a reserve of 32 leaves) are the proxy's, two per client connection (the
+/// client's and its upstream connection's), so a flood of client connections
+/// never takes the fds that probes, `/proc` reads and teardown steps need.
+pub fn connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    let budget = (soft.saturating_sub(32) / 4) as usize;
+    budget.clamp(1, MAX_CONNECTIONS)
+}
 
 /// What the proxy thread and the supervisor share. One per process, never freed.
 struct Shared {
@@ -304,7 +318,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             .retry_canceled_requests(true)
             .build(connector)
     };
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_cap()));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;

@@ -1712,3 +1712,66 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
         assert!(!started.exists(), "started on {flags:?} {env:?}");
     }
 }
+
+#[test]
+fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_drain_their_fds() {
+    // RLIMIT_NOFILE 256 (launch.py --nofile): the probe server and the proxy share
+    // drainit's descriptors; 250 idle client connections must not take them all.
+    let (port, app, probe) = (free_port(), free_port(), free_port());
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let ready = format!("127.0.0.1:{app}");
+    let app_port = app.to_string();
+    let fixture = fixture("proxyapp.py");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--ready-tcp",
+        &ready,
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "5s",
+        "--",
+        python(),
+        &fixture,
+        "--port",
+        &app_port,
+        "--mode",
+        "graceful",
+    ];
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--nofile", "256"],
+        args: &args,
+        env: &[],
+    });
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "never ready\n{}",
+        r.stderr_text()
+    );
+    // Past the cap and the listen backlog a connect waits: 100 ms each at most.
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let flood: Vec<TcpStream> = (0..250)
+        .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(100)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, _, _) = http(probe, "/healthz", "GET");
+    assert_eq!(
+        status,
+        200,
+        "/healthz beside {} idle proxy connections\n{}",
+        flood.len(),
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    drop(flood);
+    let err = r.stderr_text();
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("Too many open files"), "{err}");
+    ledger(&r.report());
+}
