@@ -569,7 +569,12 @@ async fn handle(
         } else {
             "draining"
         };
-        drain_body(req.into_body()).await;
+        // A client that waits for `100 Continue` gets the 503 instead: reading
+        // the body would send the 100 and invite an upload drainit then cuts
+        // (RFC 9110 §10.1.1). hyper closes the connection after the answer.
+        if !expects_continue(req.headers()) {
+            drain_body(req.into_body()).await;
+        }
         return unavailable(why, gate);
     }
     let request_id = req
@@ -850,6 +855,13 @@ async fn drain_body(mut body: Incoming) {
         }
     };
     let _ = tokio::time::timeout(REJECT_BODY_TIME, read).await;
+}
+
+/// The request carries `Expect: 100-continue` (RFC 9110 §10.1.1).
+fn expects_continue(h: &HeaderMap) -> bool {
+    h.get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
 }
 
 fn wants_upgrade(h: &HeaderMap) -> bool {

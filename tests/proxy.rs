@@ -1775,3 +1775,37 @@ fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_dr
     assert!(!err.contains("Too many open files"), "{err}");
     ledger(&r.report());
 }
+
+#[test]
+fn a_rejected_request_that_expects_100_continue_gets_the_503_without_a_100() {
+    // Never ready (the app's /ready waits for $TMP/go): every request is rejected.
+    // A client that asks `Expect: 100-continue` for a 16 MiB upload must get the
+    // 503 at once, not a `100 Continue` inviting a body drainit will not take
+    // (RFC 9110 §10.1.1) and then reset after 64 KiB.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--ready-file", "$TMP/go"],
+    );
+    assert!(
+        wait_until(secs(10), || !px.logged("listening").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let mut c = px.conn();
+    c.send(
+        b"POST /upload HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\nContent-Length: 16777216\r\n\r\n",
+    )
+    .unwrap();
+    let resp = c.response(false).expect("a response to the head alone");
+    assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
+    assert!(resp.closes(), "{resp:?}");
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.rejected"), 1, "{rep}");
+}
