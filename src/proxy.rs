@@ -582,6 +582,11 @@ async fn handle(
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // Declared before `admitted`, so dropped after it: when hyper drops this
+    // future (the client went away while the app works on its request), the
+    // request settles `canceled` and the supervisor, which may be waiting for
+    // nothing in flight, hears of it.
+    let _wake = Wake(shared);
     let mut admitted = shared.ledger.admit(
         req.method().as_str(),
         req.uri().path(),
@@ -723,6 +728,16 @@ async fn handle(
             client_gone: None,
         },
     )
+}
+
+/// Tells the supervisor a request may have settled ([`Shared::settled`]) when
+/// dropped.
+struct Wake(&'static Shared);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        self.0.settled();
+    }
 }
 
 /// Both halves of an upgraded connection, copied until either side closes or

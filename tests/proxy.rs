@@ -1809,3 +1809,47 @@ fn a_rejected_request_that_expects_100_continue_gets_the_503_without_a_100() {
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(num(&rep, "requests.rejected"), 1, "{rep}");
 }
+
+#[test]
+fn a_client_that_goes_away_while_the_drain_waits_for_its_request_lets_the_drain_go_on() {
+    // Beat 3 waits for the one request in flight (the app takes 3 s); its client
+    // goes away: nothing is left in flight, so the drain signal goes to the app at
+    // once (it finishes that request and exits 0), not at the 8 s deadline with a
+    // SIGKILL.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "8s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("GET", "/slow?ms=3000", &[], None).unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
+        "{}",
+        px.ctx()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    drop(c);
+    let (code, rep) = px.finish(secs(15));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        num(&rep, "drain.forwarded_at_ms") < 2000 && num(&rep, "drain.finished_at_ms") < 6000,
+        "the drain waited for a request nobody waits for: {rep}"
+    );
+    assert!(!px.logged("signal TERM").is_empty(), "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.canceled"), 1, "{rep}");
+}
