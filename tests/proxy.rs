@@ -916,8 +916,12 @@ fn asking_the_health_path_makes_the_default_pre_drain_delay_apply() {
             &["--mode", "graceful"],
         );
         // Ready, without asking /readyz (which would make the delay apply itself).
+        // The proxy port may not be bound yet: `get` panics on a refused connect.
         assert!(
-            wait_until(secs(10), || get(px.port, "/ok").status == 200),
+            wait_until(secs(10), || {
+                TcpStream::connect(("127.0.0.1", px.port)).is_ok()
+                    && get(px.port, "/ok").status == 200
+            }),
             "{}",
             px.ctx()
         );
