@@ -25,7 +25,10 @@ use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::pin::Pin;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU8,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -121,7 +124,8 @@ struct Shared {
 
 impl Shared {
     fn gate(&self) -> Gate {
-        Gate::from_u8(self.gate.load(Relaxed))
+        // SeqCst with the ledger's in-flight count: see `handle`.
+        Gate::from_u8(self.gate.load(SeqCst))
     }
 
     /// No admitted request in flight and no stream open.
@@ -224,7 +228,7 @@ impl Proxy {
     /// yields at once.
     pub fn set_gate(&self, gate: Gate) {
         let s = self.shared;
-        let prev = Gate::from_u8(s.gate.fetch_max(gate as u8, Relaxed));
+        let prev = Gate::from_u8(s.gate.fetch_max(gate as u8, SeqCst));
         if gate <= prev {
             return;
         }
@@ -592,6 +596,19 @@ async fn handle(
         req.uri().path(),
         request_id.as_deref(),
     );
+    // Admission may have closed since the gate was read above, and the
+    // supervisor may have seen nothing in flight and forwarded the drain signal:
+    // read again now that this request counts (both sides SeqCst: one of them
+    // sees the other). Closed now: it never reaches the app.
+    if shared.gate() >= Gate::Closed {
+        admitted.refused();
+        drop(admitted);
+        shared.settled();
+        if !expects_continue(req.headers()) {
+            drain_body(req.into_body()).await;
+        }
+        return unavailable("draining", shared.gate());
+    }
     let upgrading = wants_upgrade(req.headers());
     let websocket = upgrading
         && req
