@@ -940,12 +940,22 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     }
 }
 
+/// Appends the peer's address to `X-Forwarded-For`, as one field line: the lines
+/// received are joined in order first (RFC 9110 §5.3), so none is lost. A load
+/// balancer in front (HAProxy's `option forwardfor`) adds its own line after the
+/// client's: dropping it would hand the app the client's (spoofable) value where
+/// it expects the balancer's.
 fn append_forwarded_for(h: &mut HeaderMap, peer: SocketAddr) {
     let ip = peer.ip().to_canonical().to_string();
-    let value = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
-        _ => ip,
-    };
+    let mut parts: Vec<&str> = h
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    parts.push(&ip);
+    let value = parts.join(", ");
     h.remove("x-forwarded-for");
     if let Ok(v) = HeaderValue::from_str(&value) {
         h.insert(HeaderName::from_static("x-forwarded-for"), v);
@@ -1018,6 +1028,17 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "10.0.0.7");
         append_forwarded_for(&mut h, "[::ffff:10.0.0.8]:1".parse().unwrap());
         assert_eq!(h["x-forwarded-for"], "10.0.0.7, 10.0.0.8");
+    }
+
+    #[test]
+    fn x_forwarded_for_keeps_every_line_received() {
+        // The client's line, then the load balancer's own (HAProxy adds a line).
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        append_forwarded_for(&mut h, "10.0.0.2:5000".parse().unwrap());
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["6.6.6.6, 203.0.113.9, 10.0.0.2"]);
     }
 
     #[test]
