@@ -201,12 +201,42 @@ pub enum Ended {
 /// until `close` yields; then, for a WebSocket (`websocket`), a close frame
 /// (1001) goes each way at a frame boundary before both are shut; any other
 /// upgrade is shut as is.
+///
+/// Once asked to close, it ends within [`CLOSE_LIMIT`] whatever the peers do: a
+/// peer that stops reading blocks a write, and must not hold the drain (and the
+/// app's drain signal) until the deadline.
 pub async fn tunnel<C, A>(
     client: C,
     app: A,
     websocket: bool,
     close: &mut oneshot::Receiver<()>,
 ) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    A: AsyncRead + AsyncWrite + Unpin,
+{
+    let (relay, mut inner) = oneshot::channel();
+    let limit = async {
+        // A dropped sender is no close request: wait for the tunnel instead.
+        if (&mut *close).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        let _ = relay.send(());
+        tokio::time::sleep(CLOSE_LIMIT).await;
+    };
+    tokio::select! {
+        ended = copy(client, app, websocket, &mut inner) => ended,
+        () = limit => Ended::ByDrain,
+    }
+}
+
+/// How long a tunnel asked to close may take at most: the wait for a frame
+/// boundary, the grace for the peers' close frames, and a margin.
+pub const CLOSE_LIMIT: Duration = BOUNDARY_WAIT
+    .saturating_add(CLOSE_GRACE)
+    .saturating_add(Duration::from_millis(500));
+
+async fn copy<C, A>(client: C, app: A, websocket: bool, close: &mut oneshot::Receiver<()>) -> Ended
 where
     C: AsyncRead + AsyncWrite + Unpin,
     A: AsyncRead + AsyncWrite + Unpin,
@@ -373,6 +403,32 @@ mod tests {
         assert_eq!(last_event_end(b"data: a\r\n\r\n"), Some(11));
         assert_eq!(last_event_end(b"data: a\n"), None);
         assert_eq!(last_event_end(b"data: a\n\ndata: b\n\n"), Some(18));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_to_a_client_that_does_not_read_ends_soon_after_the_close_request() {
+        // The client never reads: the app's frames fill the pipe and the copy
+        // blocks in a write; the close request must still end the tunnel.
+        let (client, _client_peer) = tokio::io::duplex(1024);
+        let (app, mut app_peer) = tokio::io::duplex(1024);
+        let (tx, mut rx) = oneshot::channel();
+        let flood = tokio::spawn(async move {
+            let f = frame(100, false);
+            while app_peer.write_all(&f).await.is_ok() {}
+        });
+        let start = tokio::time::Instant::now();
+        let closer = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = tx.send(());
+        };
+        let (ended, ()) = tokio::join!(tunnel(client, app, true, &mut rx), closer);
+        assert_eq!(ended, Ended::ByDrain);
+        assert!(
+            start.elapsed() <= Duration::from_millis(100) + CLOSE_LIMIT,
+            "{:?}",
+            start.elapsed()
+        );
+        flood.abort();
     }
 
     #[tokio::test(start_paused = true)]
