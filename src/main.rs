@@ -197,25 +197,28 @@ fn run(args: Vec<OsString>) -> i32 {
     };
     // The admission proxy's socket, bound before the spawn like the probe's.
     // Its thread starts before the spawn too: no half-started child if it cannot.
-    let (ready_ask, ready_asks) = tokio::sync::mpsc::channel(64);
-    let proxy = match &cfg.proxy {
+    // Nothing of it is built without --proxy.
+    let (proxy, ready_asks) = match &cfg.proxy {
         Some(spec) => match drainit::proxy::bind(spec.listen) {
-            Ok(l) => match drainit::proxy::Proxy::start(
-                l,
-                *spec,
-                cfg.proxy_health.clone(),
-                ready_ask,
-                cfg.stream_spread(),
-            ) {
-                Ok(p) => {
-                    log::info!("proxy: {} -> {}", spec.listen, spec.upstream);
-                    Some(p)
+            Ok(l) => {
+                let (ready_ask, ready_asks) = tokio::sync::mpsc::channel(64);
+                match drainit::proxy::Proxy::start(
+                    l,
+                    *spec,
+                    cfg.proxy_health.clone(),
+                    ready_ask,
+                    cfg.stream_spread(),
+                ) {
+                    Ok(p) => {
+                        log::info!("proxy: {} -> {}", spec.listen, spec.upstream);
+                        (Some(p), Some(ready_asks))
+                    }
+                    Err(e) => {
+                        log::error!("starting the proxy failed: {e}");
+                        return exit::INTERNAL;
+                    }
                 }
-                Err(e) => {
-                    log::error!("starting the proxy failed: {e}");
-                    return exit::INTERNAL;
-                }
-            },
+            }
             Err(e) => {
                 log::error!(
                     "binding the proxy address {} (--proxy) failed: {}",
@@ -225,7 +228,7 @@ fn run(args: Vec<OsString>) -> i32 {
                 return exit::CONFIG;
             }
         },
-        None => None,
+        None => (None, None),
     };
     // sd_notify: drainit's own service manager, and the child's socket (bound
     // before the spawn, like the probe socket).
@@ -309,7 +312,7 @@ fn run(args: Vec<OsString>) -> i32 {
             }
             hold_nothing(&inherited);
 
-            if proxy.is_some() {
+            if let Some(ready_asks) = ready_asks {
                 tokio::task::spawn_local(probe::answer_readiness(
                     ready_asks,
                     state_rx.clone(),

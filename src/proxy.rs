@@ -29,7 +29,10 @@ use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::pin::Pin;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU8,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -94,7 +97,21 @@ pub const RETRY_AFTER_S: u32 = 1;
 /// (their app is gone) before drainit cuts them.
 pub const STOP_SETTLE: Duration = Duration::from_millis(200);
 /// Connections kept open at most; past it, new ones wait in the kernel's backlog.
+/// Fewer under a low `RLIMIT_NOFILE`: see [`connection_cap`].
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`: the descriptors
+/// left after the probe server's share ([`crate::probe::connection_cap`]: half of
+/// what a reserve of 32 leaves) are the proxy's, two per client connection (the
+/// client's and its upstream connection's), so a flood of client connections
+/// never takes the fds that probes, `/proc` reads and teardown steps need.
+pub fn connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    let budget = (soft.saturating_sub(32) / 4) as usize;
+    budget.clamp(1, MAX_CONNECTIONS)
+}
 
 /// What the proxy thread and the supervisor share. One per process, never freed.
 struct Shared {
@@ -116,7 +133,8 @@ struct Shared {
 
 impl Shared {
     fn gate(&self) -> Gate {
-        Gate::from_u8(self.gate.load(Relaxed))
+        // SeqCst with the ledger's in-flight count: see `handle`.
+        Gate::from_u8(self.gate.load(SeqCst))
     }
 
     /// No admitted request in flight and no stream open.
@@ -223,7 +241,7 @@ impl Proxy {
     /// yields at once.
     pub fn set_gate(&self, gate: Gate) {
         let s = self.shared;
-        let prev = Gate::from_u8(s.gate.fetch_max(gate as u8, Relaxed));
+        let prev = Gate::from_u8(s.gate.fetch_max(gate as u8, SeqCst));
         if gate <= prev {
             return;
         }
@@ -317,7 +335,7 @@ static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
 async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
     let _ = RUNNING.set(&shared.ledger);
     let clients = Clients::new();
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_cap()));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -761,13 +779,36 @@ async fn handle(
         } else {
             "draining"
         };
-        drain_body(req.into_body()).await;
+        // A client that waits for `100 Continue` gets the 503 instead: reading
+        // the body would send the 100 and invite an upload drainit then cuts
+        // (RFC 9110 §10.1.1). hyper closes the connection after the answer.
+        if !expects_continue(req.headers()) {
+            drain_body(req.into_body()).await;
+        }
         return unavailable(why, gate, version);
     }
+    // Declared before `admitted`, so dropped after it: when hyper drops this
+    // future (the client went away while the app works on its request), the
+    // request settles `canceled` and the supervisor, which may be waiting for
+    // nothing in flight, hears of it.
+    let _wake = Wake(shared);
     let mut admitted =
         shared
             .ledger
             .admit(req.method(), req.uri(), req.headers().get("x-request-id"));
+    // Admission may have closed since the gate was read above, and the
+    // supervisor may have seen nothing in flight and forwarded the drain signal:
+    // read again now that this request counts (both sides SeqCst: one of them
+    // sees the other). Closed now: it never reaches the app.
+    if shared.gate() >= Gate::Closed {
+        admitted.refused();
+        drop(admitted);
+        shared.settled();
+        if !expects_continue(req.headers()) {
+            drain_body(req.into_body()).await;
+        }
+        return unavailable("draining", shared.gate(), version);
+    }
     let upgrading = wants_upgrade(req.headers());
     let websocket = upgrading
         && req
@@ -921,6 +962,16 @@ async fn handle(
     )
 }
 
+/// Tells the supervisor a request may have settled ([`Shared::settled`]) when
+/// dropped.
+struct Wake(&'static Shared);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        self.0.settled();
+    }
+}
+
 /// Both halves of an upgraded connection, copied until either side closes or
 /// drainit closes it at beat 3 ([`streams::tunnel`]).
 async fn tunnel(
@@ -1064,6 +1115,13 @@ async fn drain_body(mut body: Incoming) {
     let _ = tokio::time::timeout(REJECT_BODY_TIME, read).await;
 }
 
+/// The request carries `Expect: 100-continue` (RFC 9110 §10.1.1).
+fn expects_continue(h: &HeaderMap) -> bool {
+    h.get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
+}
+
 fn wants_upgrade(h: &HeaderMap) -> bool {
     h.contains_key(header::UPGRADE)
         && h.get_all(header::CONNECTION).iter().any(|v| {
@@ -1115,8 +1173,12 @@ fn forwarded_ip(peer: SocketAddr) -> HeaderValue {
         .unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// Appends the client's address (`ip`) to `X-Forwarded-For` (one field, comma
-/// separated, as the de-facto standard has it; RFC 7239 `Forwarded` is not added).
+/// Appends the client's address (`ip`) to `X-Forwarded-For`, as one field line:
+/// the lines received are joined in order first (RFC 9110 §5.3), so none is
+/// lost. A load balancer in front (HAProxy's `option forwardfor`) adds its own
+/// line after the client's: dropping it would hand the app the client's
+/// (spoofable) value where it expects the balancer's. RFC 7239 `Forwarded` is
+/// not added.
 fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
     let name = HeaderName::from_static("x-forwarded-for");
     let prev: Vec<&[u8]> = h
@@ -1261,6 +1323,17 @@ mod tests {
             "10.0.0.7, 10.0.0.8, 1.2.3.4, 10.0.0.9"
         );
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn x_forwarded_for_keeps_every_line_received() {
+        // The client's line, then the load balancer's own (HAProxy adds a line).
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        append_forwarded_for(&mut h, forwarded_ip("10.0.0.2:5000".parse().unwrap()));
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["6.6.6.6, 203.0.113.9, 10.0.0.2"]);
     }
 
     #[test]

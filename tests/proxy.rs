@@ -2127,3 +2127,144 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
         assert!(!started.exists(), "started on {flags:?} {env:?}");
     }
 }
+
+#[test]
+fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_drain_their_fds() {
+    // RLIMIT_NOFILE 256 (launch.py --nofile): the probe server and the proxy share
+    // drainit's descriptors; 250 idle client connections must not take them all.
+    let (port, app, probe) = (free_port(), free_port(), free_port());
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let ready = format!("127.0.0.1:{app}");
+    let app_port = app.to_string();
+    let fixture = fixture("proxyapp.py");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--ready-tcp",
+        &ready,
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "5s",
+        "--",
+        python(),
+        &fixture,
+        "--port",
+        &app_port,
+        "--mode",
+        "graceful",
+    ];
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--nofile", "256"],
+        args: &args,
+        env: &[],
+    });
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "never ready\n{}",
+        r.stderr_text()
+    );
+    // Past the cap and the listen backlog a connect waits: 100 ms each at most.
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let flood: Vec<TcpStream> = (0..250)
+        .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(100)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, _, _) = http(probe, "/healthz", "GET");
+    assert_eq!(
+        status,
+        200,
+        "/healthz beside {} idle proxy connections\n{}",
+        flood.len(),
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    drop(flood);
+    let err = r.stderr_text();
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("Too many open files"), "{err}");
+    ledger(&r.report());
+}
+
+#[test]
+fn a_rejected_request_that_expects_100_continue_gets_the_503_without_a_100() {
+    // Never ready (the app's /ready waits for $TMP/go): every request is rejected.
+    // A client that asks `Expect: 100-continue` for a 16 MiB upload must get the
+    // 503 at once, not a `100 Continue` inviting a body drainit will not take
+    // (RFC 9110 §10.1.1) and then reset after 64 KiB.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-http",
+            "http://127.0.0.1:{app}/ready",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--ready-file", "$TMP/go"],
+    );
+    assert!(
+        wait_until(secs(10), || !px.logged("listening").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    let mut c = px.conn();
+    c.send(
+        b"POST /upload HTTP/1.1\r\nHost: test\r\nExpect: 100-continue\r\nContent-Length: 16777216\r\n\r\n",
+    )
+    .unwrap();
+    let resp = c.response(false).expect("a response to the head alone");
+    assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
+    assert!(resp.closes(), "{resp:?}");
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.rejected"), 1, "{rep}");
+}
+
+#[test]
+fn a_client_that_goes_away_while_the_drain_waits_for_its_request_lets_the_drain_go_on() {
+    // Beat 3 waits for the one request in flight (the app takes 3 s); its client
+    // goes away: nothing is left in flight, so the drain signal goes to the app at
+    // once (it finishes that request and exits 0), not at the 8 s deadline with a
+    // SIGKILL.
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "8s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.request("GET", "/slow?ms=3000", &[], None).unwrap();
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
+        "{}",
+        px.ctx()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    drop(c);
+    let (code, rep) = px.finish(secs(15));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert!(
+        num(&rep, "drain.forwarded_at_ms") < 2000 && num(&rep, "drain.finished_at_ms") < 6000,
+        "the drain waited for a request nobody waits for: {rep}"
+    );
+    assert!(!px.logged("signal TERM").is_empty(), "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.canceled"), 1, "{rep}");
+}

@@ -12,7 +12,10 @@
 //! `admitted = completed + unknown + abandoned + canceled + in_flight`.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::time::{Duration, Instant};
 
 use hyper::header::HeaderValue;
@@ -170,7 +173,9 @@ impl Ledger {
         request_id: Option<&HeaderValue>,
     ) -> Admitted<'_> {
         self.admitted.fetch_add(1, Relaxed);
-        self.in_flight.fetch_add(1, Relaxed);
+        // SeqCst with the proxy's gate: the supervisor closes the gate, then
+        // reads this; a request counts here, then reads the gate.
+        self.in_flight.fetch_add(1, SeqCst);
         Admitted {
             ledger: self,
             start: Instant::now(),
@@ -209,7 +214,7 @@ impl Ledger {
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Relaxed)
+        self.in_flight.load(SeqCst)
     }
 
     /// `unknown` + `abandoned` settled from T0 on.

@@ -29,7 +29,9 @@ pub struct StreamSet {
 #[derive(Default)]
 struct Inner {
     next: u64,
-    open: HashMap<u64, oneshot::Sender<()>>,
+    /// Every stream until it ends, with the sender that asks it to close until
+    /// that is sent (a stream asked to close is still open while it closes).
+    open: HashMap<u64, Option<oneshot::Sender<()>>>,
     /// Set at beat 3: streams opened after it are closed at once.
     closing: bool,
 }
@@ -62,8 +64,9 @@ impl StreamSet {
         g.next += 1;
         if g.closing {
             let _ = tx.send(());
+            g.open.insert(id, None);
         } else {
-            g.open.insert(id, tx);
+            g.open.insert(id, Some(tx));
         }
         Registered {
             set: self,
@@ -72,7 +75,8 @@ impl StreamSet {
         }
     }
 
-    /// How many streams are open.
+    /// How many streams are open: registered and not yet dropped, including
+    /// those asked to close and still closing.
     pub fn open(&self) -> usize {
         self.lock().open.len()
     }
@@ -94,7 +98,7 @@ impl StreamSet {
         for (i, id) in ids.into_iter().enumerate() {
             let at = start + spread.mul_f64(i as f64 / n as f64);
             tokio::time::sleep_until(at).await;
-            if let Some(tx) = self.lock().open.remove(&id) {
+            if let Some(tx) = self.lock().open.get_mut(&id).and_then(Option::take) {
                 let _ = tx.send(());
             }
         }
@@ -197,12 +201,42 @@ pub enum Ended {
 /// until `close` yields; then, for a WebSocket (`websocket`), a close frame
 /// (1001) goes each way at a frame boundary before both are shut; any other
 /// upgrade is shut as is.
+///
+/// Once asked to close, it ends within [`CLOSE_LIMIT`] whatever the peers do: a
+/// peer that stops reading blocks a write, and must not hold the drain (and the
+/// app's drain signal) until the deadline.
 pub async fn tunnel<C, A>(
     client: C,
     app: A,
     websocket: bool,
     close: &mut oneshot::Receiver<()>,
 ) -> Ended
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    A: AsyncRead + AsyncWrite + Unpin,
+{
+    let (relay, mut inner) = oneshot::channel();
+    let limit = async {
+        // A dropped sender is no close request: wait for the tunnel instead.
+        if (&mut *close).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        let _ = relay.send(());
+        tokio::time::sleep(CLOSE_LIMIT).await;
+    };
+    tokio::select! {
+        ended = copy(client, app, websocket, &mut inner) => ended,
+        () = limit => Ended::ByDrain,
+    }
+}
+
+/// How long a tunnel asked to close may take at most: the wait for a frame
+/// boundary, the grace for the peers' close frames, and a margin.
+pub const CLOSE_LIMIT: Duration = BOUNDARY_WAIT
+    .saturating_add(CLOSE_GRACE)
+    .saturating_add(Duration::from_millis(500));
+
+async fn copy<C, A>(client: C, app: A, websocket: bool, close: &mut oneshot::Receiver<()>) -> Ended
 where
     C: AsyncRead + AsyncWrite + Unpin,
     A: AsyncRead + AsyncWrite + Unpin,
@@ -372,6 +406,48 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_tunnel_to_a_client_that_does_not_read_ends_soon_after_the_close_request() {
+        // The client never reads: the app's frames fill the pipe and the copy
+        // blocks in a write; the close request must still end the tunnel.
+        let (client, _client_peer) = tokio::io::duplex(1024);
+        let (app, mut app_peer) = tokio::io::duplex(1024);
+        let (tx, mut rx) = oneshot::channel();
+        let flood = tokio::spawn(async move {
+            let f = frame(100, false);
+            while app_peer.write_all(&f).await.is_ok() {}
+        });
+        let start = tokio::time::Instant::now();
+        let closer = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = tx.send(());
+        };
+        let (ended, ()) = tokio::join!(tunnel(client, app, true, &mut rx), closer);
+        assert_eq!(ended, Ended::ByDrain);
+        assert!(
+            start.elapsed() <= Duration::from_millis(100) + CLOSE_LIMIT,
+            "{:?}",
+            start.elapsed()
+        );
+        flood.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_asked_to_close_is_open_until_it_ends() {
+        // The drain waits for no stream open: one still sending its close frame
+        // (or blocked on a client that does not read) must count.
+        let set = StreamSet::default();
+        let mut a = set.register();
+        let b = set.register();
+        set.close_all(Duration::ZERO).await;
+        assert!(a.close.try_recv().is_ok());
+        assert_eq!(set.open(), 2);
+        let late = set.register();
+        assert_eq!(set.open(), 3, "opened after beat 3 and closing at once");
+        drop((a, b, late));
+        assert_eq!(set.open(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn streams_are_closed_evenly_over_the_spread() {
         let set = StreamSet::default();
         let regs: Vec<_> = (0..4).map(|_| set.register()).collect();
@@ -387,6 +463,7 @@ mod tests {
         };
         let ((), at) = tokio::join!(closer, waits);
         assert_eq!(at, [0, 2, 4, 6]);
+        assert_eq!(set.open(), 0, "each ended when its registration went");
         // Opened after beat 3: closed at once.
         let mut late = set.register();
         assert!(late.close.try_recv().is_ok());
