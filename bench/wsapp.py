@@ -7,9 +7,10 @@
 # Sec-WebSocket-Key gets its 101; anything else 400 and a close), then text and
 # binary frames are echoed, a ping gets its pong, a close frame is echoed and the
 # connection ended. Fragmented messages are echoed frame by frame. No TLS, no
-# extensions. tests/fixtures/proxyapp.py has a /ws route too, but a thread per
-# connection: 1,000 of them cost ~1,000 threads and their GIL hand-offs in the app,
-# which would time the app, not drainit.
+# extensions. tests/fixtures/proxyapp.py has a /ws route too and copes with 1,000
+# (opened in 0.8 s, echo on all in 0.05 s), but with a thread each: 1,001 threads,
+# 52.6 MB RSS, and their GIL hand-offs on the same 2 cores as drainit. This one
+# is one thread.
 #
 # SIGTERM: logs "signal TERM mono=S t=MS" (CLOCK_MONOTONIC in seconds, as Python's
 # time.monotonic(); epoch ms), closes what is left, exits 0.
