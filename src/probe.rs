@@ -337,25 +337,51 @@ async fn readiness(
 /// would `/readyz` answer now? Answered with `(ready, status word)`.
 pub type ReadinessAsk = tokio::sync::oneshot::Sender<(bool, String)>;
 
-/// Answers [`ReadinessAsk`]s exactly as `/readyz` would (the checks evaluated
-/// once ready, single flight), on the supervisor's thread, until every sender is
-/// gone. Spawn it with `spawn_local`.
+/// How long an answer to a [`ReadinessAsk`] is reused: the proxy's health path
+/// is on the app's public port, and a flood of it must not run the checks back
+/// to back on the supervisor's thread (nor flood the app's backlog with
+/// `--ready-tcp` connects).
+pub const READINESS_FRESH: Duration = Duration::from_millis(250);
+
+/// Answers [`ReadinessAsk`]s as `/readyz` would (the checks evaluated once
+/// ready, single flight; an answer reused for [`READINESS_FRESH`] while the
+/// phase is unchanged and no newer evaluation ran, e.g. for `/readyz`), on the
+/// supervisor's thread, until every sender is gone.
+/// Spawn it with `spawn_local`.
 pub async fn answer_readiness(
     mut asks: tokio::sync::mpsc::Receiver<ReadinessAsk>,
     state: watch::Receiver<Published>,
     checks: Rc<Checks>,
 ) {
+    type Last = Option<(tokio::time::Instant, Phase, u64, bool, String)>;
+    let last: Rc<RefCell<Last>> = Rc::default();
     while let Some(ask) = asks.recv().await {
-        let (state, checks) = (state.clone(), checks.clone());
+        let published = state.borrow().clone();
+        if let Some((at, phase, runs, ok, word)) = &*last.borrow()
+            && at.elapsed() < READINESS_FRESH
+            && *phase == published.phase
+            && *runs == checks.runs()
+        {
+            let _ = ask.send((*ok, word.clone()));
+            continue;
+        }
+        let (state, checks, last) = (state.clone(), checks.clone(), last.clone());
         tokio::task::spawn_local(async move {
-            let published = state.borrow().clone();
             let (status, body) = readiness(&published, &state, &checks).await;
             let word = body
                 .get("status")
                 .and_then(Value::as_str)
                 .unwrap_or("unknown")
                 .to_string();
-            let _ = ask.send((status == StatusCode::OK, word));
+            let ok = status == StatusCode::OK;
+            *last.borrow_mut() = Some((
+                tokio::time::Instant::now(),
+                published.phase,
+                checks.runs(),
+                ok,
+                word.clone(),
+            ));
+            let _ = ask.send((ok, word));
         });
     }
 }

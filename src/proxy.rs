@@ -492,11 +492,9 @@ async fn connection(
     };
     let (h2, pre) = match first {
         Ok(Ok(Some(first))) => first,
-        Ok(Ok(None) | Err(_)) => return,
-        Err(_) => {
-            shared.ledger.malformed();
-            return;
-        }
+        // Nothing sent within the head timeout: an idle pre-opened connection
+        // (load balancers and browsers open them ahead), not a malformed request.
+        Ok(Ok(None) | Err(_)) | Err(_) => return,
     };
     let io = TokioIo::new(Rewind {
         pre: Bytes::from(pre),
@@ -537,7 +535,7 @@ async fn serve_h1<S>(
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r
-                    && (e.is_parse() || e.is_parse_too_large() || e.is_timeout())
+                    && (e.is_parse() || e.is_parse_too_large())
                 {
                     shared.ledger.malformed();
                 }

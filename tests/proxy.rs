@@ -2268,3 +2268,60 @@ fn a_client_that_goes_away_while_the_drain_waits_for_its_request_lets_the_drain_
     assert!(!px.logged("signal TERM").is_empty(), "{}", px.ctx());
     assert_eq!(num(&rep, "requests.canceled"), 1, "{rep}");
 }
+
+/// A flood of the health path (it is on the app's public port) does not run the
+/// readiness checks back to back on the supervisor's thread: an answer is
+/// reused for 250 ms (review finding: `/readyz` waited up to 1 s under such a
+/// flood, the `--ready-tcp` connects overflowing the app's backlog).
+#[test]
+fn a_flood_of_the_health_path_runs_the_checks_a_few_times_a_second_not_per_request() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--proxy-health",
+            "/health",
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let runs = |px: &Px| -> u64 {
+        let (_, _, body) = http(px.probe, "/metrics", "GET");
+        body.lines()
+            .filter(|l| l.starts_with("drainit_checks_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = runs(&px);
+    let port = px.port;
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let answered = Arc::new(AtomicU64::new(0));
+    let floods: Vec<_> = (0..4)
+        .map(|_| {
+            let answered = answered.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < stop {
+                    if http(port, "/health", "GET").0 == 200 {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for f in floods {
+        f.join().unwrap();
+    }
+    let ran = runs(&px) - before;
+    let answered = answered.load(Ordering::Relaxed);
+    assert!(answered >= 50, "only {answered} health answers{}", px.ctx());
+    assert!(
+        ran <= 20,
+        "{ran} check runs for {answered} health requests in 1.5 s{}",
+        px.ctx()
+    );
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}

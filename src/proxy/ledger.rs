@@ -118,7 +118,8 @@ pub struct Totals {
     /// Admitted requests in flight at T0.
     pub in_flight_at_start: u64,
     /// Requests hyper refused before drainit saw them (400 malformed, 431 head
-    /// too large, head read timed out): not in `received`.
+    /// too large): not in `received`. A head that never came (timeout) is not
+    /// counted: an idle pre-opened connection looks the same.
     pub malformed: u64,
     /// The first [`LOST_LISTED`] `unknown` and `abandoned` requests.
     pub lost: Vec<Lost>,
