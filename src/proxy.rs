@@ -759,6 +759,8 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let gate = shared.gate();
     let version = req.version();
+    // A HEAD gets the head of an event stream and no body: not a stream.
+    let is_head = req.method() == Method::HEAD;
     let h2 = version == hyper::Version::HTTP_2;
     if let Some(h) = &shared.health
         && req.uri().path() == h
@@ -911,7 +913,8 @@ async fn handle(
             },
         );
     }
-    let event_stream = resp.status() == StatusCode::OK
+    let event_stream = !is_head
+        && resp.status() == StatusCode::OK
         && resp
             .headers()
             .get(header::CONTENT_TYPE)
