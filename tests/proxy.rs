@@ -2132,31 +2132,14 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
 fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_drain_their_fds() {
     // RLIMIT_NOFILE 256 (launch.py --nofile): the probe server and the proxy share
     // drainit's descriptors; 250 idle client connections must not take them all.
-    let (port, app, probe) = (free_port(), free_port(), free_port());
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
-    let ready = format!("127.0.0.1:{app}");
-    let app_port = app.to_string();
+    let ports = ProxyPorts::new();
+    let (port, probe) = (ports.port, ports.probe);
     let fixture = fixture("proxyapp.py");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--ready-tcp",
-        &ready,
-        "--pre-drain-delay",
-        "0s",
-        "--drain-timeout",
-        "5s",
-        "--",
-        python(),
-        &fixture,
-        "--port",
-        &app_port,
-        "--mode",
-        "graceful",
-    ];
+    let argv = ports.argv(
+        &["--pre-drain-delay", "0s", "--drain-timeout", "5s"],
+        &[python(), &fixture, "--port", "{app}", "--mode", "graceful"],
+    );
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut r = Running::start_with(Start {
         mode: Mode::Subreaper,
         launch: &["--nofile", "256"],

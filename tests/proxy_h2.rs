@@ -24,31 +24,14 @@ struct Px {
 }
 
 fn start_px() -> Px {
-    let (port, app, probe) = (free_port(), free_port(), free_port());
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
-    let ready = format!("127.0.0.1:{app}");
-    let app = app.to_string();
+    let ports = ProxyPorts::new();
+    let (port, probe) = (ports.port, ports.probe);
     let h2app = fixture("h2app.py");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--ready-tcp",
-        &ready,
-        "--pre-drain-delay",
-        "300ms",
-        "--drain-timeout",
-        "5s",
-        "--",
-        python(),
-        &h2app,
-        "--port",
-        &app,
-        "--log",
-        "$TMP/app.log",
-    ];
+    let argv = ports.argv(
+        &["--pre-drain-delay", "300ms", "--drain-timeout", "5s"],
+        &[python(), &h2app, "--port", "{app}", "--log", "$TMP/app.log"],
+    );
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let r = Running::start(Mode::Subreaper, &args);
     let px = Px { r, port, probe };
     assert!(

@@ -66,32 +66,15 @@ fn flood(port: u16, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
 
 #[test]
 fn under_a_flood_readyz_fails_at_once_and_the_sigkill_keeps_the_deadline() {
-    let (port, app, probe) = (free_port(), free_port(), free_port());
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let app_port = app.to_string();
-    let ready = format!("127.0.0.1:{app}");
+    let ports = ProxyPorts::new();
+    let (port, probe) = (ports.port, ports.probe);
     let app_py = fixture("proxyapp.py");
-    let mut r = Running::start(
-        Mode::Subreaper,
-        &[
-            "--probe-addr",
-            &probe_addr,
-            "--proxy",
-            &proxy,
-            "--ready-tcp",
-            &ready,
-            "--pre-drain-delay",
-            "500ms",
-            "--drain-timeout",
-            "1s",
-            "--",
-            python(),
-            &app_py,
-            "--port",
-            &app_port,
-        ],
+    let argv = ports.argv(
+        &["--pre-drain-delay", "500ms", "--drain-timeout", "1s"],
+        &[python(), &app_py, "--port", "{app}"],
     );
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut r = Running::start(Mode::Subreaper, &args);
     assert!(
         wait_until(Duration::from_secs(10), || http(probe, "/readyz", "GET").0
             == 200),

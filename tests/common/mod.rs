@@ -614,3 +614,43 @@ pub fn run_on_pty(tmp: &TmpDir, ready: &str, cmd: &[&str]) -> (String, String) {
     let status = String::from_utf8_lossy(&res.stdout).trim().to_string();
     (status, fs::read_to_string(&out).unwrap_or_default())
 }
+
+/// Ports for drainit's admission proxy in front of a test app: the proxy's
+/// listen port, the app's, and drainit's probe port.
+pub struct ProxyPorts {
+    pub port: u16,
+    pub app: u16,
+    pub probe: u16,
+}
+
+impl ProxyPorts {
+    /// Three free ports.
+    pub fn new() -> ProxyPorts {
+        ProxyPorts {
+            port: free_port(),
+            app: free_port(),
+            probe: free_port(),
+        }
+    }
+
+    /// drainit's command line up to `--`: `--probe-addr 127.0.0.1:PROBE --proxy
+    /// 127.0.0.1:PORT=127.0.0.1:APP --ready-tcp 127.0.0.1:APP`, then `flags`,
+    /// then `--`, then `app` with `{app}` replaced by the app's port.
+    pub fn argv(&self, flags: &[&str], app: &[&str]) -> Vec<String> {
+        let mut v = vec![
+            "--probe-addr".to_string(),
+            format!("127.0.0.1:{}", self.probe),
+            "--proxy".to_string(),
+            format!("127.0.0.1:{}=127.0.0.1:{}", self.port, self.app),
+            "--ready-tcp".to_string(),
+            format!("127.0.0.1:{}", self.app),
+        ];
+        v.extend(flags.iter().map(|f| f.to_string()));
+        v.push("--".to_string());
+        v.extend(
+            app.iter()
+                .map(|a| a.replace("{app}", &self.app.to_string())),
+        );
+        v
+    }
+}
