@@ -622,9 +622,11 @@ enum Inner {
 }
 
 impl ProxyBody {
-    fn local(text: &'static str) -> ProxyBody {
+    /// A body with nothing to account for: drainit's own text, or the app's
+    /// body passed through as it is.
+    fn plain(inner: Inner) -> ProxyBody {
         ProxyBody {
-            inner: Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))),
+            inner,
             admitted: None,
             shared: None,
             sse: None,
@@ -632,14 +634,12 @@ impl ProxyBody {
         }
     }
 
+    fn local(text: &'static str) -> ProxyBody {
+        ProxyBody::plain(Inner::Local(Full::new(Bytes::from_static(text.as_bytes()))))
+    }
+
     fn text(text: String) -> ProxyBody {
-        ProxyBody {
-            inner: Inner::Local(Full::new(Bytes::from(text))),
-            admitted: None,
-            shared: None,
-            sse: None,
-            client_gone: None,
-        }
+        ProxyBody::plain(Inner::Local(Full::new(Bytes::from(text))))
     }
 
     fn settle(&mut self, outcome: Outcome) {
@@ -685,24 +685,27 @@ impl Body for ProxyBody {
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
             && let Some(data) = frame.data_ref()
         {
-            // Searched with the tail of what went before: an event's blank line
-            // may span two frames.
-            let mut joined = std::mem::take(&mut sse.tail);
-            let before = joined.len();
-            joined.extend_from_slice(&data[..data.len().min(4096)]);
+            // An event's blank line may span two frames: the frame's first
+            // bytes are searched with the tail of what went before (at most 3
+            // bytes each), the frame itself in place.
+            let mut seam = std::mem::take(&mut sse.tail);
+            let before = seam.len();
+            seam.extend_from_slice(&data[..data.len().min(3)]);
             if sse.closing
-                && let Some(end) = streams::last_event_end(&joined).filter(|e| *e > before)
+                && let Some(end) = streams::last_event_end(data).or_else(|| {
+                    streams::last_event_end(&seam)
+                        .filter(|e| *e > before)
+                        .map(|e| e - before)
+                })
             {
                 sse.ended = true;
                 sse.open.end = StreamEnd::ClosedByDrain;
-                let head = data.slice(..end - before);
-                return Poll::Ready(Some(Ok(Frame::data(head))));
+                return Poll::Ready(Some(Ok(Frame::data(data.slice(..end)))));
             }
-            let keep = data.len().min(3);
             sse.tail = if data.len() >= 3 {
-                data[data.len() - keep..].to_vec()
+                data[data.len() - 3..].to_vec()
             } else {
-                joined[joined.len().saturating_sub(3)..].to_vec()
+                seam[seam.len().saturating_sub(3)..].to_vec()
             };
         }
         if let (Some(flag), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
@@ -836,16 +839,9 @@ async fn handle(
     append_forwarded_for(&mut parts.headers, peer_ip);
     parts.uri = upstream_uri(&shared.authority, &parts.uri);
     let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let up_req = Request::from_parts(
-        parts,
-        ProxyBody {
-            inner: Inner::Upstream(body),
-            admitted: None,
-            shared: None,
-            sse: None,
-            client_gone: Some(client_gone.clone()),
-        },
-    );
+    let mut up_body = ProxyBody::plain(Inner::Upstream(body));
+    up_body.client_gone = Some(client_gone.clone());
+    let up_req = Request::from_parts(parts, up_body);
     // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4): the pooled client speaks
     // only origin form; it goes on a connection of its own.
     let sent = if asterisk {
@@ -902,16 +898,7 @@ async fn handle(
         shared.settled();
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
-        return Response::from_parts(
-            parts,
-            ProxyBody {
-                inner: Inner::Upstream(body),
-                admitted: None,
-                shared: None,
-                sse: None,
-                client_gone: None,
-            },
-        );
+        return Response::from_parts(parts, ProxyBody::plain(Inner::Upstream(body)));
     }
     let event_stream = !is_head
         && resp.status() == StatusCode::OK
@@ -951,16 +938,11 @@ async fn handle(
             .headers
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    Response::from_parts(
-        parts,
-        ProxyBody {
-            inner: Inner::Upstream(body),
-            admitted: Some(admitted),
-            shared: Some(shared),
-            sse,
-            client_gone: None,
-        },
-    )
+    let mut body = ProxyBody::plain(Inner::Upstream(body));
+    body.admitted = Some(admitted);
+    body.shared = Some(shared);
+    body.sse = sse;
+    Response::from_parts(parts, body)
 }
 
 /// Tells the supervisor a request may have settled ([`Shared::settled`]) when
