@@ -263,11 +263,6 @@ impl Proxy {
         s.settled();
     }
 
-    /// The gate now.
-    pub fn gate(&self) -> Gate {
-        self.shared.gate()
-    }
-
     /// Yields once no admitted request is in flight and no stream is open after
     /// admission closed.
     pub async fn idle(&self) {
