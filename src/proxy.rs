@@ -30,7 +30,7 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::pin::Pin;
 use std::sync::OnceLock;
 use std::sync::atomic::{
-    AtomicU8,
+    AtomicBool, AtomicU8,
     Ordering::{Relaxed, SeqCst},
 };
 use std::task::{Context, Poll};
@@ -96,6 +96,11 @@ pub const RETRY_AFTER_S: u32 = 1;
 /// At the exit, how long requests still in flight get to settle by themselves
 /// (their app is gone) before drainit cuts them.
 pub const STOP_SETTLE: Duration = Duration::from_millis(200);
+/// After the forward, a connection that has sent nothing yet gets this long to
+/// send its first request before it is closed as idle: a client that connected
+/// a moment before the forward (it was told `Connection: close` and reopened)
+/// is writing its request now, and closing its connection unread would lose it.
+pub const OPENING_GRACE: Duration = Duration::from_secs(1);
 /// Connections kept open at most; past it, new ones wait in the kernel's backlog.
 /// Fewer under a low `RLIMIT_NOFILE`: see [`connection_cap`].
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -480,10 +485,20 @@ async fn connection(
 ) {
     let mut gate = shared.gate_tx.subscribe();
     // The head timeout counts from the connection's start, as hyper's does for
-    // HTTP/1; an idle connection goes at the forward, as hyper's would.
-    let first = tokio::select! {
-        r = tokio::time::timeout(HEAD_TIMEOUT, sniff(&mut tcp)) => r,
-        () = gate_reaches(&mut gate, Gate::Forwarded) => return,
+    // HTTP/1. At the forward, a connection that has sent nothing gets
+    // OPENING_GRACE to send its request (it may be on its way), then goes as idle.
+    let first = {
+        let sniffing = tokio::time::timeout(HEAD_TIMEOUT, sniff(&mut tcp));
+        tokio::pin!(sniffing);
+        tokio::select! {
+            r = &mut sniffing => r,
+            () = gate_reaches(&mut gate, Gate::Forwarded) => {
+                match tokio::time::timeout(OPENING_GRACE, &mut sniffing).await {
+                    Ok(r) => r,
+                    Err(_) => return,
+                }
+            }
+        }
     };
     let (h2, pre) = match first {
         Ok(Ok(Some(first))) => first,
@@ -497,24 +512,31 @@ async fn connection(
     });
     // The client's address as X-Forwarded-For wants it, once per connection.
     let peer_ip = forwarded_ip(peer);
+    // Set at the connection's first request (HTTP/1: see serve_h1).
+    let served = std::sync::Arc::new(AtomicBool::new(false));
+    let seen = served.clone();
     let service = hyper::service::service_fn(move |req| {
+        seen.store(true, Relaxed);
         let (clients, peer_ip) = (clients.clone(), peer_ip.clone());
         async move { Ok::<_, Infallible>(handle(req, peer_ip, shared, clients).await) }
     });
     if h2 {
         serve_h2(io, service, gate, shared).await;
     } else {
-        serve_h1(io, service, gate, shared).await;
+        serve_h1(io, service, gate, shared, &served).await;
     }
 }
 
 /// HTTP/1.1 until the connection closes, or until the gate says idle
-/// connections go (the forward).
+/// connections go (the forward). A connection whose first request has not
+/// been read yet is not idle: its bytes came (that is how it got here), so it
+/// is served (drainit's 503, `Connection: close`) and closes after.
 async fn serve_h1<S>(
     io: TokioIo<Rewind>,
     service: S,
     mut gate: watch::Receiver<Gate>,
     shared: &'static Shared,
+    served: &AtomicBool,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -537,9 +559,11 @@ async fn serve_h1<S>(
                 return;
             }
             () = gate_reaches(&mut gate, Gate::Forwarded), if !closing => {
-                // Finishes the request in progress, if any; closes an idle one.
-                conn.as_mut().graceful_shutdown();
                 closing = true;
+                // Finishes the request in progress, if any; closes an idle one.
+                if served.load(Relaxed) {
+                    conn.as_mut().graceful_shutdown();
+                }
             }
         }
     }

@@ -1692,6 +1692,51 @@ fn an_idle_keep_alive_connection_is_closed_at_the_forward_and_does_not_hold_the_
     ledger(&px.r.report());
 }
 
+/// A connection opened just before the forward whose request comes just after
+/// it (a client told `Connection: close` reopens and writes) is not an idle
+/// connection to close unread: it gets drainit's 503. A keep-alive connection
+/// that had served a request and sat idle is closed at the forward.
+#[test]
+fn a_connection_opened_before_the_forward_whose_request_comes_after_gets_the_503() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "graceful", "--exit-delay", "3000"],
+    );
+    px.wait_ready();
+    let mut used = px.conn();
+    assert_eq!(used.get("/ok", &[]).unwrap().status, 200);
+    let mut fresh = px.conn();
+    px.term();
+    assert!(
+        wait_until(secs(5), || !px.logged("signal TERM").is_empty()),
+        "the app never got its signal{}",
+        px.ctx()
+    );
+    // The forward has happened; the fresh connection's request arrives now.
+    let resp = fresh.get("/ok", &[]).unwrap_or_else(|e| {
+        panic!(
+            "the connection opened before the forward was cut: {e}{}",
+            px.ctx()
+        )
+    });
+    assert_draining_503(&resp, "a request on a connection opened before the forward");
+    assert!(
+        used.closed(),
+        "the idle keep-alive connection was left open"
+    );
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [2, 1, 1], "{rep}");
+}
+
 // ---------------------------------------------------------------- bad clients
 
 #[test]
