@@ -1,6 +1,7 @@
 //! Packaging stays true: the release-time generator (xtask) writes a man page and
 //! bash/zsh/fish completions that carry drainit's real flags, the licences the
-//! manifest names exist, and release.sh is valid shell.
+//! manifest names exist, release.sh is valid shell, and the shipped build is
+//! stripped with its hot code first.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -95,4 +96,52 @@ fn licences_and_release_script_are_in_place() {
         .status()
         .unwrap();
     assert!(syntax.success(), "release.sh is not valid sh");
+}
+
+/// The shipped static build (`DRAINIT_BIN`, scripts/test.sh) has no symbols
+/// and has its hot functions first, side by side (`hot-text.ld`, build.rs):
+/// the code drainit runs to start, serve its probes, drain and exit is one
+/// `.text.drainit.hot` section of a few hundred KiB, so that it keeps only that
+/// resident (README "Performance"). A build without the linker script, or an
+/// emptied script, fails here.
+#[test]
+fn the_shipped_build_is_stripped_and_has_its_hot_code_first() {
+    let Ok(bin) = std::env::var("DRAINIT_BIN") else {
+        eprintln!("DRAINIT_BIN is unset (not the static build): skipped");
+        return;
+    };
+    let out = Command::new("readelf")
+        .args(["-SW", &bin])
+        .output()
+        .expect("readelf (binutils)");
+    let sections = String::from_utf8_lossy(&out.stdout);
+    assert!(!sections.contains(".symtab"), "{bin} has a symbol table");
+    let hot = sections
+        .lines()
+        .find(|l| l.contains(".text.drainit.hot"))
+        .unwrap_or_else(|| panic!("{bin} has no .text.drainit.hot section:\n{sections}"));
+    // [Nr] Name Type Address Off Size ...: the size is the 6th field after "]".
+    let fields: Vec<&str> = hot.split(']').nth(1).unwrap().split_whitespace().collect();
+    let size = u64::from_str_radix(fields[4], 16).unwrap();
+    assert!(
+        (256 * 1024..1024 * 1024).contains(&size),
+        "the hot code is {size} bytes: {hot}"
+    );
+    let text = sections.lines().find(|l| l.contains(" .text ")).unwrap();
+    let addr = |l: &str| {
+        u64::from_str_radix(
+            l.split(']')
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .nth(2)
+                .unwrap(),
+            16,
+        )
+        .unwrap()
+    };
+    assert!(
+        addr(hot) < addr(text),
+        "the hot code is not first:\n{sections}"
+    );
 }
