@@ -21,7 +21,7 @@ fn get(port: u16, path: &str) -> (u16, String) {
 #[test]
 fn readyz_fails_at_once_healthz_stays_and_the_app_keeps_serving_through_the_delay() {
     for mode in BOTH {
-        let (app_port, probe_port) = (free_port(), free_port());
+        let [app_port, probe_port] = free_ports();
         let probe = format!("127.0.0.1:{probe_port}");
         let ready = format!("127.0.0.1:{app_port}");
         let server = vec![

@@ -142,11 +142,16 @@ pub fn kill(pid: i32, sig: i32) -> bool {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports::<1>()[0]
+}
+
+/// `N` free ports, all different: each is held bound until the last is chosen.
+/// (Calls to [`free_port`] one after another may return the same port twice: it is
+/// freed before the next bind, and the kernel can hand it out again.)
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|l| l.local_addr().unwrap().port())
 }
 
 /// `/proc/PID/status` field (e.g. `SigBlk`).
@@ -624,13 +629,10 @@ pub struct ProxyPorts {
 }
 
 impl ProxyPorts {
-    /// Three free ports.
+    /// Three free ports, all different.
     pub fn new() -> ProxyPorts {
-        ProxyPorts {
-            port: free_port(),
-            app: free_port(),
-            probe: free_port(),
-        }
+        let [port, app, probe] = free_ports();
+        ProxyPorts { port, app, probe }
     }
 
     /// drainit's command line up to `--`: `--probe-addr 127.0.0.1:PROBE --proxy
