@@ -245,10 +245,13 @@ impl Running {
             .arg("--")
             .arg(bin());
         let mut r = Running::spawn(s.mode, tmp, cmd, s.args, s.env, &[]);
-        // Wait until launch.py has exec'd drainit.
+        // Wait until launch.py has exec'd drainit (or drainit is already gone: as
+        // PID 1 its exit ends the namespace and its /proc entry at once).
         let pid = r.pid;
         wait_for(Duration::from_secs(10), || {
-            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+                return Some(());
+            };
             (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
         });
         r.t0 = now_ms();
