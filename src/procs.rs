@@ -282,23 +282,43 @@ fn walk(
         return Ok(None);
     };
     let mut seen = HashSet::new();
-    while let Some(pid) = stack.pop() {
-        if exclude.contains(&pid) || !seen.insert(pid) {
-            continue;
+    // A process that ends during the walk hands its children to `root` (the
+    // subreaper, or PID 1), whose list may have been read before: read it again
+    // after each pass until it holds nothing new (a forward at T0 kills the main
+    // child while the walk runs; its children were missed, 1 drain in ~6 here).
+    // Bounded: each further pass needs another death during the one before.
+    for _pass in 0..MAX_PASSES {
+        while let Some(pid) = stack.pop() {
+            if exclude.contains(&pid) || !seen.insert(pid) {
+                continue;
+            }
+            // Gone or a zombie: its children (if any) were re-parented to
+            // `root`, and the next pass finds them there.
+            let Some(p) = stat(&pid.to_string())? else {
+                continue;
+            };
+            f(&p);
+            // A zombie has no children: they were re-parented when it exited. Not
+            // reading them keeps a tree of many zombies (an app that never reaps)
+            // at one read per zombie.
+            if !p.zombie {
+                stack.extend(children(pid)?.unwrap_or_default());
+            }
         }
-        let Some(p) = stat(&pid.to_string())? else {
-            continue;
-        };
-        f(&p);
-        // A zombie has no children: they were re-parented when it exited. Not
-        // reading them keeps a tree of many zombies (an app that never reaps) at
-        // one read per zombie.
-        if !p.zombie {
-            stack.extend(children(pid)?.unwrap_or_default());
+        stack = children(root)?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|pid| !seen.contains(pid) && !exclude.contains(pid))
+            .collect();
+        if stack.is_empty() {
+            break;
         }
     }
     Ok(Some(()))
 }
+
+/// At most this many passes of [`walk`] over `root`'s children.
+const MAX_PASSES: usize = 16;
 
 /// [`descendants`] over a given table (for tests).
 pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {

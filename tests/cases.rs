@@ -379,7 +379,7 @@ fn b16_drain_timeout_enforced_with_sigkill() {
 /// B17: no request fails while a load balancer still routes after SIGTERM.
 #[test]
 fn b17_no_dropped_requests_during_the_pre_drain_delay() {
-    let (port, probe) = (free_port(), free_port());
+    let [port, probe] = free_ports();
     let server = vec![python().to_string(), fixture("server.py"), port.to_string()];
     let p = format!("127.0.0.1:{probe}");
     let ready = format!("127.0.0.1:{port}");
@@ -655,7 +655,7 @@ fn b29_stop_signal_rewritten() {
 #[test]
 fn b32_probes_answer_while_the_app_is_wedged_under_slow_clients() {
     for nofile in [None, Some("64")] {
-        let (port, probe) = (free_port(), free_port());
+        let [port, probe] = free_ports();
         let server = vec![python().to_string(), fixture("server.py"), port.to_string()];
         let p = format!("127.0.0.1:{probe}");
         let url = format!("http://127.0.0.1:{port}/");

@@ -909,7 +909,7 @@ fn status_of(b: &Value) -> &str {
 
 #[test]
 fn real_app_starting_ready_degraded() {
-    let (probe, app, dep) = (free_port(), free_port(), free_port());
+    let [probe, app, dep] = free_ports();
     let flags = base_flags(probe);
     let app_addr = format!("127.0.0.1:{app}");
     let dep_addr = format!("127.0.0.1:{dep}");

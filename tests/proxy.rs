@@ -79,7 +79,7 @@ fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
 }
 
 fn start_px_once(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
-    let (port, app, probe) = (free_port(), free_port(), free_port());
+    let [port, app, probe] = free_ports();
     let probe_addr = format!("127.0.0.1:{probe}");
     let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
     let mut args: Vec<String> = vec!["--probe-addr".into(), probe_addr, "--proxy".into(), proxy];

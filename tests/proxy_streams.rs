@@ -15,7 +15,7 @@ use common::*;
 /// drainit + proxyapp.py (graceful) with `--proxy`; returns the run and its
 /// proxy port.
 fn replica(flags: &[&str]) -> (Running, u16) {
-    let (port, app) = (free_port(), free_port());
+    let [port, app] = free_ports();
     let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
     let ready = format!("127.0.0.1:{app}");
     let app_port = app.to_string();

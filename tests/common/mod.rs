@@ -142,11 +142,16 @@ pub fn kill(pid: i32, sig: i32) -> bool {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports::<1>()[0]
+}
+
+/// `N` free ports, all different: each is held bound until the last is chosen.
+/// (Calls to [`free_port`] one after another may return the same port twice: it is
+/// freed before the next bind, and the kernel can hand it out again.)
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|l| l.local_addr().unwrap().port())
 }
 
 /// `/proc/PID/status` field (e.g. `SigBlk`).
@@ -240,10 +245,13 @@ impl Running {
             .arg("--")
             .arg(bin());
         let mut r = Running::spawn(s.mode, tmp, cmd, s.args, s.env, &[]);
-        // Wait until launch.py has exec'd drainit.
+        // Wait until launch.py has exec'd drainit (or drainit is already gone: as
+        // PID 1 its exit ends the namespace and its /proc entry at once).
         let pid = r.pid;
         wait_for(Duration::from_secs(10), || {
-            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+                return Some(());
+            };
             (!String::from_utf8_lossy(&cmdline).contains("launch.py")).then_some(())
         });
         r.t0 = now_ms();
@@ -624,13 +632,10 @@ pub struct ProxyPorts {
 }
 
 impl ProxyPorts {
-    /// Three free ports.
+    /// Three free ports, all different.
     pub fn new() -> ProxyPorts {
-        ProxyPorts {
-            port: free_port(),
-            app: free_port(),
-            probe: free_port(),
-        }
+        let [port, app, probe] = free_ports();
+        ProxyPorts { port, app, probe }
     }
 
     /// drainit's command line up to `--`: `--probe-addr 127.0.0.1:PROBE --proxy
