@@ -16,7 +16,8 @@
 //!
 //! HTTP/1.1 with keep-alive, chunked bodies streamed both ways (nothing is
 //! buffered whole) and `Upgrade` (WebSocket) passed through; hop-by-hop headers
-//! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` is appended.
+//! are dropped as RFC 9110 §7.6.1 says, and `X-Forwarded-For` and `Forwarded`
+//! (RFC 7239) are appended.
 //! A connection that opens with HTTP/2's preface (prior knowledge, as gRPC
 //! speaks it) is served as HTTP/2 and its requests go to the app over HTTP/2
 //! too, trailers included; at beat 3 it gets hyper's two-step GOAWAY instead
@@ -510,8 +511,9 @@ async fn connection(
         pre: Bytes::from(pre),
         tcp,
     });
-    // The client's address as X-Forwarded-For wants it, once per connection.
-    let peer_ip = forwarded_ip(peer);
+    // The client's address as X-Forwarded-For and Forwarded want it, once per
+    // connection.
+    let peer_ip = Peer::new(peer);
     // Set at the connection's first request (HTTP/1: see serve_h1).
     let served = std::sync::Arc::new(AtomicBool::new(false));
     let seen = served.clone();
@@ -775,7 +777,7 @@ impl Drop for ProxyBody {
 
 async fn handle(
     mut req: Request<Incoming>,
-    peer_ip: HeaderValue,
+    peer_ip: Peer,
     shared: &'static Shared,
     clients: Clients,
 ) -> Response<ProxyBody> {
@@ -855,7 +857,8 @@ async fn handle(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    append_forwarded_for(&mut parts.headers, peer_ip);
+    append_forwarded_for(&mut parts.headers, peer_ip.xff);
+    parts.headers.append(header::FORWARDED, peer_ip.forwarded);
     parts.uri = upstream_uri(&shared.authority, &parts.uri);
     let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut up_body = ProxyBody::plain(Inner::Upstream(body));
@@ -1175,12 +1178,35 @@ fn forwarded_ip(peer: SocketAddr) -> HeaderValue {
         .unwrap_or(HeaderValue::from_static("unknown"))
 }
 
+/// A client connection's address, as the two headers that carry it upstream.
+#[derive(Clone)]
+struct Peer {
+    /// `X-Forwarded-For`: `192.0.2.7`, `2001:db8::1`.
+    xff: HeaderValue,
+    /// `Forwarded` (RFC 7239 §4, §6): `for=192.0.2.7`, `for="[2001:db8::1]"`.
+    forwarded: HeaderValue,
+}
+
+impl Peer {
+    fn new(peer: SocketAddr) -> Peer {
+        let forwarded = match peer.ip().to_canonical() {
+            std::net::IpAddr::V4(ip) => format!("for={ip}"),
+            std::net::IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
+        };
+        Peer {
+            xff: forwarded_ip(peer),
+            forwarded: HeaderValue::from_str(&forwarded)
+                .unwrap_or(HeaderValue::from_static("for=unknown")),
+        }
+    }
+}
+
 /// Appends the client's address (`ip`) to `X-Forwarded-For`, as one field line:
 /// the lines received are joined in order first (RFC 9110 §5.3), so none is
 /// lost. A load balancer in front (HAProxy's `option forwardfor`) adds its own
 /// line after the client's: dropping it would hand the app the client's
-/// (spoofable) value where it expects the balancer's. RFC 7239 `Forwarded` is
-/// not added.
+/// (spoofable) value where it expects the balancer's. `Forwarded` (RFC 7239)
+/// gets a field line of its own (`for=…`), after any received.
 fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
     let name = HeaderName::from_static("x-forwarded-for");
     let prev: Vec<&[u8]> = h
@@ -1325,6 +1351,22 @@ mod tests {
             "10.0.0.7, 10.0.0.8, 1.2.3.4, 10.0.0.9"
         );
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn forwarded_names_the_client_as_rfc_7239_says() {
+        assert_eq!(
+            Peer::new("10.0.0.7:5000".parse().unwrap()).forwarded,
+            "for=10.0.0.7"
+        );
+        assert_eq!(
+            Peer::new("[::ffff:10.0.0.8]:1".parse().unwrap()).forwarded,
+            "for=10.0.0.8"
+        );
+        assert_eq!(
+            Peer::new("[2001:db8::1]:443".parse().unwrap()).forwarded,
+            "for=\"[2001:db8::1]\""
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! machine is too slow") rather than pass by luck. The whole file takes ~30 s.
 //!
 //! Covered: pass-through and keep-alive (both sides), hop-by-hop and
-//! X-Forwarded-For, streaming both ways in bounded memory, the gate before ready,
+//! X-Forwarded-For and Forwarded, streaming both ways in bounded memory, the gate before ready,
 //! an upstream that refuses, the health path, the beats (Connection: close, the
 //! draining 503 on new and idle connections, the forward after the last request,
 //! PID 1 too), the deadline (abandoned, named), lost/canceled outcomes, /metrics,
@@ -521,7 +521,7 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
 }
 
 #[test]
-fn adds_x_forwarded_for_and_drops_hop_by_hop_headers() {
+fn adds_x_forwarded_for_and_forwarded_and_drops_hop_by_hop_headers() {
     let mut px = start_px(
         Mode::Subreaper,
         &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
@@ -540,6 +540,7 @@ fn adds_x_forwarded_for_and_drops_hop_by_hop_headers() {
                 ("TE", "trailers"),
                 ("X-End-To-End", "kept"),
                 ("X-Forwarded-For", "10.1.2.3"),
+                ("Forwarded", "for=10.1.2.3;proto=https"),
             ],
         )
         .unwrap();
@@ -578,6 +579,14 @@ fn adds_x_forwarded_for_and_drops_hop_by_hop_headers() {
     let xff = get("x-forwarded-for").join(", ");
     let hops: Vec<&str> = xff.split(',').map(str::trim).collect();
     assert_eq!(hops, ["10.1.2.3", "127.0.0.1"], "{got:?}");
+    // RFC 7239: the element received is kept, drainit's comes after it.
+    let fwd = get("forwarded").join(", ");
+    let elements: Vec<&str> = fwd.split(',').map(str::trim).collect();
+    assert_eq!(
+        elements,
+        ["for=10.1.2.3;proto=https", "for=127.0.0.1"],
+        "{got:?}"
+    );
     drop(c);
     let (code, _) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
