@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::pin::Pin;
 use std::sync::OnceLock;
 use std::sync::atomic::{
-    AtomicBool, AtomicU8,
+    AtomicBool, AtomicU8, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
 };
 use std::task::{Context, Poll};
@@ -95,7 +95,8 @@ pub const REJECT_BODY_TIME: Duration = Duration::from_secs(1);
 /// `Retry-After` of drainit's own 503s, seconds (RFC 9110 §10.2.3).
 pub const RETRY_AFTER_S: u32 = 1;
 /// At the exit, how long requests still in flight get to settle by themselves
-/// (their app is gone) before drainit cuts them.
+/// (their app is gone) before drainit cuts them; after a forward, also how long
+/// a connection whose first request is not answered yet gets for its 503.
 pub const STOP_SETTLE: Duration = Duration::from_millis(200);
 /// After the forward, a connection that has sent nothing yet gets this long to
 /// send its first request before it is closed as idle: a client that connected
@@ -135,6 +136,9 @@ struct Shared {
     /// Open WebSockets and SSE responses, closed over `spread` at beat 3.
     streams: StreamSet,
     spread: Duration,
+    /// Client connections whose first request has not been answered yet
+    /// ([`Unanswered`]).
+    unanswered: AtomicUsize,
 }
 
 impl Shared {
@@ -208,6 +212,7 @@ impl Proxy {
                 })?,
                 streams: StreamSet::default(),
                 spread,
+                unanswered: AtomicUsize::new(0),
             }));
         shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -297,15 +302,24 @@ impl Proxy {
 
     /// Cuts what is in flight (`abandoned`) and stops the proxy thread: the
     /// listener and every connection are closed. Returns when the thread has
-    /// settled every request (a few ms).
+    /// settled every request (a few ms; at most [`STOP_SETTLE`] more while a
+    /// request is in flight or, after a forward, a connection's first request
+    /// is unanswered).
     pub fn stop(&mut self) {
         // An app that died by itself took its requests with it: their upstream
         // connections are reset, and the proxy thread settles them (`unknown`,
         // a 502 to the client) within moments. Give it those moments before
         // cutting what is left.
+        // After a forward, so do the connections that have not had their first
+        // request answered: one opened just before the forward may be sending its
+        // request now (OPENING_GRACE), and it needs only drainit's 503, not the app.
         let ledger = &self.shared.ledger;
+        let forwarded = self.shared.gate() >= Gate::Forwarded;
         let until = Instant::now() + STOP_SETTLE;
-        while !ledger.cutting() && ledger.in_flight() > 0 && Instant::now() < until {
+        while !ledger.cutting()
+            && (ledger.in_flight() > 0 || (forwarded && self.shared.unanswered.load(SeqCst) > 0))
+            && Instant::now() < until
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.shared.ledger.cut_all();
@@ -485,6 +499,7 @@ async fn connection(
     clients: Clients,
 ) {
     let mut gate = shared.gate_tx.subscribe();
+    let unanswered = std::sync::Arc::new(Unanswered::new(shared));
     // The head timeout counts from the connection's start, as hyper's does for
     // HTTP/1. At the forward, a connection that has sent nothing gets
     // OPENING_GRACE to send its request (it may be on its way), then goes as idle.
@@ -519,13 +534,48 @@ async fn connection(
     let seen = served.clone();
     let service = hyper::service::service_fn(move |req| {
         seen.store(true, Relaxed);
-        let (clients, peer_ip) = (clients.clone(), peer_ip.clone());
-        async move { Ok::<_, Infallible>(handle(req, peer_ip, shared, clients).await) }
+        let (clients, peer_ip, unanswered) = (clients.clone(), peer_ip.clone(), unanswered.clone());
+        async move {
+            let resp = handle(req, peer_ip, shared, clients).await;
+            unanswered.answered();
+            Ok::<_, Infallible>(resp)
+        }
     });
     if h2 {
         serve_h2(io, service, gate, shared).await;
     } else {
         serve_h1(io, service, gate, shared, &served).await;
+    }
+}
+
+/// A client connection counted in [`Shared::unanswered`] until its first
+/// response is ready or it ends: [`Proxy::stop`] waits a moment for those
+/// after a forward.
+struct Unanswered {
+    shared: &'static Shared,
+    done: AtomicBool,
+}
+
+impl Unanswered {
+    fn new(shared: &'static Shared) -> Unanswered {
+        shared.unanswered.fetch_add(1, SeqCst);
+        Unanswered {
+            shared,
+            done: AtomicBool::new(false),
+        }
+    }
+
+    /// Its first response is ready (idempotent).
+    fn answered(&self) {
+        if !self.done.swap(true, Relaxed) {
+            self.shared.unanswered.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.answered();
     }
 }
 

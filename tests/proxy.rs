@@ -1746,6 +1746,45 @@ fn a_connection_opened_before_the_forward_whose_request_comes_after_gets_the_503
     assert_eq!(counts(&rep)[..3], [2, 1, 1], "{rep}");
 }
 
+/// The same with an app that exits at once on its drain signal: drainit's exit
+/// does not cut the connection whose request is on its way (the report would
+/// call the drain clean while that client got no answer at all).
+#[test]
+fn a_request_that_comes_as_the_app_exits_at_the_forward_still_gets_the_503() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "10s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let mut fresh = px.conn();
+    // Not `term()`: drainit may be gone before its `/readyz` is asked.
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || !px.logged("signal TERM").is_empty()),
+        "the app never got its signal{}",
+        px.ctx()
+    );
+    // The app is dying of its signal; the request comes a client's moment later.
+    std::thread::sleep(Duration::from_millis(50));
+    let resp = fresh.get("/ok", &[]).unwrap_or_else(|e| {
+        panic!(
+            "the connection opened before the forward was cut at the exit: {e}{}",
+            px.ctx()
+        )
+    });
+    assert_draining_503(&resp, "a request sent as the app exits");
+    let (code, _) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
 // ---------------------------------------------------------------- bad clients
 
 #[test]
