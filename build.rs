@@ -24,20 +24,53 @@ fn main() {
     if target.ends_with("-linux-gnu") && !crt_static {
         println!("cargo:rustc-link-lib=static:-bundle=gcc_eh");
     }
+    // The linker: `cc` (rustc's default, link arguments as `-Wl,…`) or one
+    // named by `-C linker` / `target.<triple>.linker`; an `ld`-like one (rust-lld,
+    // ld.lld, mold, ld) takes them bare.
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    let linker = std::env::var("RUSTC_LINKER").ok().or_else(|| {
+        let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+        let flags: Vec<&str> = flags.split('\x1f').collect();
+        flags.iter().enumerate().find_map(|(i, f)| {
+            f.strip_prefix("-Clinker=")
+                .or_else(|| {
+                    (*f == "-C")
+                        .then(|| flags.get(i + 1)?.strip_prefix("linker="))
+                        .flatten()
+                })
+                .map(String::from)
+        })
+    });
+    let bare = linker.as_deref().is_some_and(|l| {
+        let name = std::path::Path::new(l)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(l);
+        name.ends_with("ld") || name.contains("lld") || name.contains("mold")
+    });
+    let link_arg = |arg: &str| {
+        if bare {
+            println!("cargo:rustc-link-arg-bins={arg}");
+        } else {
+            println!("cargo:rustc-link-arg-bins=-Wl,{arg}");
+        }
+    };
     // Release builds lose their symbols at the link (Cargo.toml: not `strip`, so
-    // that the symbol names stay the same with and without them); the hot-text
-    // generator keeps them with DRAINIT_KEEP_SYMBOLS=1.
+    // that the symbol names stay the same with and without them), unless debug
+    // information was asked for (cargo's DEBUG: `debug = …` in the profile); the
+    // hot-text generator keeps them with DRAINIT_KEEP_SYMBOLS=1.
     println!("cargo:rerun-if-env-changed=DRAINIT_KEEP_SYMBOLS");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    if release && std::env::var_os("DRAINIT_KEEP_SYMBOLS").is_none() {
-        println!("cargo:rustc-link-arg-bins=-Wl,--strip-all");
+    let debuginfo = std::env::var("DEBUG").is_ok_and(|d| d != "false" && d != "0");
+    if release && !debuginfo && std::env::var_os("DRAINIT_KEEP_SYMBOLS").is_none() {
+        link_arg("--strip-all");
     }
     if target.ends_with("-linux-musl") {
         println!("cargo:rerun-if-changed=hot-text.ld");
         let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
         let script = std::path::Path::new(&dir).join("hot-text.ld");
         if script.is_file() {
-            println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
+            link_arg(&format!("--script={}", script.display()));
         }
     }
 }

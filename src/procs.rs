@@ -286,7 +286,9 @@ fn walk(
     // subreaper, or PID 1), whose list may have been read before: read it again
     // after each pass until it holds nothing new (a forward at T0 kills the main
     // child while the walk runs; its children were missed, 1 drain in ~6 here).
-    // Bounded: each further pass needs another death during the one before.
+    // Bounded: each further pass needs another death during the one before, and
+    // at most MAX_PASSES: in an orphan storm every pass finds new zombies handed
+    // over, and each re-read of a large list costs (~6 ms per 5,000 children).
     for _pass in 0..MAX_PASSES {
         while let Some(pid) = stack.pop() {
             if exclude.contains(&pid) || !seen.insert(pid) {
@@ -317,8 +319,10 @@ fn walk(
     Ok(Some(()))
 }
 
-/// At most this many passes of [`walk`] over `root`'s children.
-const MAX_PASSES: usize = 16;
+/// At most this many passes of [`walk`] over `root`'s children (one re-read
+/// finds what a death during the first pass handed over; more are for deaths
+/// during those).
+const MAX_PASSES: usize = 4;
 
 /// [`descendants`] over a given table (for tests).
 pub fn descendants_in(table: Vec<Proc>, root: i32, exclude: &HashSet<i32>) -> Vec<Proc> {
