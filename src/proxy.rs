@@ -529,22 +529,23 @@ async fn connection(
     // The client's address as X-Forwarded-For and Forwarded want it, once per
     // connection.
     let peer_ip = Peer::new(peer);
-    // Set at the connection's first request (HTTP/1: see serve_h1).
-    let served = std::sync::Arc::new(AtomicBool::new(false));
-    let seen = served.clone();
+    let first = unanswered.clone();
     let service = hyper::service::service_fn(move |req| {
-        seen.store(true, Relaxed);
-        let (clients, peer_ip, unanswered) = (clients.clone(), peer_ip.clone(), unanswered.clone());
+        let (clients, peer_ip) = (clients.clone(), peer_ip.clone());
+        // Only the first response needs to say so (no clone after it).
+        let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         async move {
             let resp = handle(req, peer_ip, shared, clients).await;
-            unanswered.answered();
+            if let Some(u) = unanswered {
+                u.answered();
+            }
             Ok::<_, Infallible>(resp)
         }
     });
     if h2 {
         serve_h2(io, service, gate, shared).await;
     } else {
-        serve_h1(io, service, gate, shared, &served).await;
+        serve_h1(io, service, gate, shared, &first).await;
     }
 }
 
@@ -565,6 +566,11 @@ impl Unanswered {
         }
     }
 
+    /// Whether its first response is ready.
+    fn is_answered(&self) -> bool {
+        self.done.load(Relaxed)
+    }
+
     /// Its first response is ready (idempotent).
     fn answered(&self) {
         if !self.done.swap(true, Relaxed) {
@@ -581,14 +587,14 @@ impl Drop for Unanswered {
 
 /// HTTP/1.1 until the connection closes, or until the gate says idle
 /// connections go (the forward). A connection whose first request has not
-/// been read yet is not idle: its bytes came (that is how it got here), so it
-/// is served (drainit's 503, `Connection: close`) and closes after.
+/// been answered yet is not idle: its bytes came (that is how it got here), so
+/// it is served (drainit's 503, `Connection: close`) and closes after.
 async fn serve_h1<S>(
     io: TokioIo<Rewind>,
     service: S,
     mut gate: watch::Receiver<Gate>,
     shared: &'static Shared,
-    served: &AtomicBool,
+    first: &Unanswered,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -613,7 +619,7 @@ async fn serve_h1<S>(
             () = gate_reaches(&mut gate, Gate::Forwarded), if !closing => {
                 closing = true;
                 // Finishes the request in progress, if any; closes an idle one.
-                if served.load(Relaxed) {
+                if first.is_answered() {
                     conn.as_mut().graceful_shutdown();
                 }
             }
