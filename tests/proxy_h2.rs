@@ -81,22 +81,6 @@ impl Px {
     }
 }
 
-/// The report's `requests` counts: received, rejected, admitted, completed,
-/// unknown, abandoned, canceled.
-fn counts(rep: &Value) -> [i64; 7] {
-    let q = &rep["requests"];
-    [
-        "received",
-        "rejected",
-        "admitted",
-        "completed",
-        "unknown",
-        "abandoned",
-        "canceled",
-    ]
-    .map(|k| num(q, k))
-}
-
 /// `nghttp -v` (prior knowledge: an `http://` URI) against the proxy, within 10 s.
 fn nghttp(port: u16, paths: &[&str]) -> Output {
     let mut c = Command::new("timeout");
@@ -169,7 +153,7 @@ fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
     px.r.signal(libc::SIGTERM);
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
-    assert_eq!(counts(&rep), [3, 0, 3, 3, 0, 0, 0], "{rep}");
+    assert_eq!(counts(&rep)[..7], [3, 0, 3, 3, 0, 0, 0], "{rep}");
 }
 
 /// The heart of it: a stream admitted before beat 3 finishes after SIGTERM;
@@ -247,7 +231,7 @@ fn at_beat_3_open_streams_finish_after_goaway_and_a_new_stream_is_refused() {
         sig >= first_done && at("data stream=1 len=5").is_some(),
         "SIGTERM reached the app before its streams completed{ctx}"
     );
-    assert_eq!(counts(&rep), [2, 0, 2, 2, 0, 0, 0], "{rep}");
+    assert_eq!(counts(&rep)[..7], [2, 0, 2, 2, 0, 0, 0], "{rep}");
     assert_eq!(num(&rep, "requests.in_flight_at_start"), 2, "{rep}");
 }
 
@@ -295,5 +279,5 @@ fn a_request_on_a_new_connection_after_beat_3_is_rejected_with_503() {
     let (code, rep) = px.finish(secs(10));
     assert_eq!(code, 0, "{}", px.ctx());
     assert!(!px.log().contains("recv GET /ok"), "{}", px.ctx());
-    assert_eq!(counts(&rep), [2, 1, 1, 1, 0, 0, 0], "{rep}");
+    assert_eq!(counts(&rep)[..7], [2, 1, 1, 1, 0, 0, 0], "{rep}");
 }

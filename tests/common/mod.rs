@@ -534,6 +534,25 @@ pub fn num(v: &Value, path: &str) -> i64 {
         .unwrap_or_else(|| panic!("report field {path} is not a number: {v}"))
 }
 
+/// With `--proxy`: the report's `requests` counts, in the order of the contract
+/// (DESIGN §11): received, rejected, admitted, completed, unknown, abandoned,
+/// canceled, in_flight, malformed.
+pub fn counts(rep: &Value) -> [i64; 9] {
+    let q = &rep["requests"];
+    [
+        "received",
+        "rejected",
+        "admitted",
+        "completed",
+        "unknown",
+        "abandoned",
+        "canceled",
+        "in_flight",
+        "malformed",
+    ]
+    .map(|k| num(q, k))
+}
+
 pub fn text<'a>(v: &'a Value, path: &str) -> &'a str {
     let mut cur = v;
     for k in path.split('.') {
