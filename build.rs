@@ -33,19 +33,19 @@ fn main() {
     // named by `-C linker` / `target.<triple>.linker`; an `ld`-like one (rust-lld,
     // ld.lld, mold, ld) takes them bare.
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
-    let linker = std::env::var("RUSTC_LINKER").ok().or_else(|| {
-        let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-        let flags: Vec<&str> = flags.split('\x1f').collect();
-        flags.iter().enumerate().find_map(|(i, f)| {
-            f.strip_prefix("-Clinker=")
-                .or_else(|| {
-                    (*f == "-C")
-                        .then(|| flags.get(i + 1)?.strip_prefix("linker="))
-                        .flatten()
-                })
-                .map(String::from)
-        })
-    });
+    let mut linker = std::env::var("RUSTC_LINKER").ok();
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let mut flags = flags.split('\x1f');
+    while let Some(flag) = flags.next() {
+        // `-Clinker=X`, or `-C` then `linker=X`.
+        let codegen = match flag {
+            "-C" => flags.next().unwrap_or_default(),
+            _ => flag.strip_prefix("-C").unwrap_or_default(),
+        };
+        if let Some(l) = codegen.strip_prefix("linker=") {
+            linker.get_or_insert_with(|| l.to_string());
+        }
+    }
     let bare = linker.as_deref().is_some_and(|l| {
         let name = std::path::Path::new(l)
             .file_name()
