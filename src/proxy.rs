@@ -25,6 +25,7 @@
 
 pub mod ledger;
 pub mod streams;
+pub mod upstream;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -349,7 +350,9 @@ static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
 
 async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
     let _ = RUNNING.set(&shared.ledger);
-    let clients = Clients::new();
+    // One per process (the proxy starts once), as `shared` is.
+    let clients: &'static Clients = Box::leak(Box::new(Clients::new(shared.upstream)));
+    tokio::spawn(clients.h1.sweep());
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_cap()));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -365,7 +368,6 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
-        let clients = clients.clone();
         tokio::spawn(async move {
             connection(tcp, peer, shared, clients).await;
             drop(permit);
@@ -373,24 +375,19 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
     }
 }
 
-/// The two upstream clients: HTTP/1.1 for HTTP/1 requests, HTTP/2 (prior
-/// knowledge) for HTTP/2 ones, so that gRPC's trailers and streams go through.
-#[derive(Clone)]
+/// The two ways to the app: HTTP/1.1 for HTTP/1 requests ([`upstream::Pool`]),
+/// HTTP/2 (prior knowledge) for HTTP/2 ones, so that gRPC's trailers and
+/// streams go through.
 struct Clients {
-    h1: Client<HttpConnector, ProxyBody>,
+    h1: upstream::Pool,
     h2: Client<HttpConnector, ProxyBody>,
 }
 
 impl Clients {
-    fn new() -> Clients {
+    fn new(app: SocketAddr) -> Clients {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        let h1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(UPSTREAM_IDLE)
-            .pool_timer(TokioTimer::new())
-            .retry_canceled_requests(true)
-            .build(connector.clone());
+        connector.set_connect_timeout(Some(upstream::CONNECT_TIMEOUT));
         let h2 = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
@@ -398,7 +395,10 @@ impl Clients {
             .pool_timer(TokioTimer::new())
             .retry_canceled_requests(true)
             .build(connector);
-        Clients { h1, h2 }
+        Clients {
+            h1: upstream::Pool::new(app, UPSTREAM_IDLE),
+            h2,
+        }
     }
 }
 
@@ -496,7 +496,7 @@ async fn connection(
     mut tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     shared: &'static Shared,
-    clients: Clients,
+    clients: &'static Clients,
 ) {
     let mut gate = shared.gate_tx.subscribe();
     let unanswered = std::sync::Arc::new(Unanswered::new(shared));
@@ -531,7 +531,7 @@ async fn connection(
     let peer_ip = Peer::new(peer);
     let first = unanswered.clone();
     let service = hyper::service::service_fn(move |req| {
-        let (clients, peer_ip) = (clients.clone(), peer_ip.clone());
+        let peer_ip = peer_ip.clone();
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         async move {
@@ -679,6 +679,9 @@ pub struct ProxyBody {
     /// As a request body: set when reading the client's body failed (the
     /// client went away mid-request: `canceled`, not `unknown`).
     client_gone: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The upstream connection the response comes on: back to the pool when
+    /// the body goes (after `inner`, so an unread body closes it first).
+    lease: Option<upstream::Lease>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -708,6 +711,7 @@ impl ProxyBody {
             shared: None,
             sse: None,
             client_gone: None,
+            lease: None,
         }
     }
 
@@ -835,7 +839,7 @@ async fn handle(
     mut req: Request<Incoming>,
     peer_ip: Peer,
     shared: &'static Shared,
-    clients: Clients,
+    clients: &'static Clients,
 ) -> Response<ProxyBody> {
     let gate = shared.gate();
     let version = req.version();
@@ -915,42 +919,61 @@ async fn handle(
     }
     append_forwarded_for(&mut parts.headers, peer_ip.xff);
     parts.headers.append(header::FORWARDED, peer_ip.forwarded);
-    parts.uri = upstream_uri(&shared.authority, &parts.uri);
+    if h2 {
+        parts.uri = upstream_uri(&shared.authority, &parts.uri);
+    } else {
+        // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; a
+        // request without one (HTTP/1.0) names the app.
+        if !asterisk && parts.method != Method::CONNECT {
+            parts.uri = origin_form(std::mem::take(&mut parts.uri));
+        }
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(host) = HeaderValue::from_str(shared.authority.as_str())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    }
     let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut up_body = ProxyBody::plain(Inner::Upstream(body));
     up_body.client_gone = Some(client_gone.clone());
     let up_req = Request::from_parts(parts, up_body);
-    // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4): the pooled client speaks
-    // only origin form; it goes on a connection of its own.
     let sent = if asterisk {
-        send_asterisk(shared.upstream, up_req).await
-    } else {
-        let client = if h2 { &clients.h2 } else { &clients.h1 };
-        client
+        // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4) goes on a connection of
+        // its own: it says nothing of the app's paths.
+        send_asterisk(&clients.h1, up_req).await.map(|r| (r, None))
+    } else if h2 {
+        clients
+            .h2
             .request(up_req)
             .await
-            .map_err(|e| (e.is_connect(), e.to_string()))
+            .map(|r| (r, None))
+            .map_err(|e| upstream::SendError {
+                reached_app: !e.is_connect(),
+                message: e.to_string(),
+            })
+    } else {
+        clients.h1.send(up_req).await.map(|(r, l)| (r, Some(l)))
     };
-    let mut resp = match sent {
+    let (mut resp, lease) = match sent {
         Ok(r) => r,
-        Err((true, e)) => {
+        Err(e) if !e.reached_app => {
             // It never reached the app: safe to retry.
             admitted.refused();
             drop(admitted);
             shared.settled();
-            log::debug!("proxy: upstream {} refused: {e}", shared.upstream);
+            log::debug!("proxy: upstream {} refused: {}", shared.upstream, e.message);
             return unavailable("upstream refused", shared.gate(), version);
         }
-        Err((false, e)) if client_gone.load(Relaxed) => {
+        Err(e) if client_gone.load(Relaxed) => {
             // The client went away while its body was being sent on.
-            log::debug!("proxy: the client went away mid-request: {e}");
+            log::debug!("proxy: the client went away mid-request: {}", e.message);
             admitted.settle(Outcome::Canceled);
             drop(admitted);
             shared.settled();
             return local(StatusCode::BAD_REQUEST, "", shared.gate(), version);
         }
-        Err((false, e)) => {
-            log::debug!("proxy: upstream failed: {e}");
+        Err(e) => {
+            log::debug!("proxy: upstream failed: {}", e.message);
             admitted.settle(Outcome::Unknown);
             drop(admitted);
             shared.settled();
@@ -966,6 +989,9 @@ async fn handle(
         && let Some(client_upgrade) = client_upgrade
     {
         let app_upgrade = hyper::upgrade::on(&mut resp);
+        if let Some(l) = lease {
+            l.upgraded();
+        }
         // Registered before the request settles: the wait for "nothing in
         // flight" never sees a gap between the two.
         let reg = shared.streams.register();
@@ -1020,6 +1046,7 @@ async fn handle(
     body.admitted = Some(admitted);
     body.shared = Some(shared);
     body.sse = sse;
+    body.lease = lease;
     Response::from_parts(parts, body)
 }
 
@@ -1198,6 +1225,10 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 /// not forwarded; hyper frames the body itself. An upgrade keeps `Upgrade` and
 /// `Connection: upgrade`.
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
+    // Most messages carry none: one pass over the names, no lookups.
+    if !upgrading && !h.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -1225,6 +1256,17 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     } else {
         h.remove(header::UPGRADE);
     }
+}
+
+/// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRANSFER_ENCODING
+        || name == header::TRAILER
+        || name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
 }
 
 /// The client's address as `X-Forwarded-For` gives it (an IPv4-mapped IPv6
@@ -1288,23 +1330,33 @@ fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
     }
 }
 
-/// Sends an asterisk-form request on a fresh connection to the app. Errors:
-/// `(true, _)` when the connection was refused, `(false, _)` otherwise.
+/// Sends an asterisk-form request on a connection of its own to the app,
+/// closed after it.
+///
+/// # Errors
+/// As [`upstream::Pool::send`].
 async fn send_asterisk(
-    upstream: SocketAddr,
+    pool: &upstream::Pool,
     mut req: Request<ProxyBody>,
-) -> Result<Response<Incoming>, (bool, String)> {
-    let tcp = tokio::net::TcpStream::connect(upstream)
-        .await
-        .map_err(|e| (true, e.to_string()))?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| (false, e.to_string()))?;
-    tokio::spawn(conn);
+) -> Result<Response<Incoming>, upstream::SendError> {
+    let mut send = pool.connect().await?;
     *req.uri_mut() = Uri::from_static("*");
     send.send_request(req)
         .await
-        .map_err(|e| (false, e.to_string()))
+        .map_err(|e| upstream::SendError {
+            reached_app: true,
+            message: e.to_string(),
+        })
+}
+
+/// The origin form of a request target (RFC 9112 §3.2.1): an absolute-form
+/// target loses its scheme and authority; one in origin form is kept as it is.
+fn origin_form(uri: Uri) -> Uri {
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        return uri;
+    }
+    uri.path_and_query()
+        .map_or_else(Uri::default, |pq| Uri::from(pq.clone()))
 }
 
 /// The request's path and query, addressed to the app (`authority`): built

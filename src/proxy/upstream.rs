@@ -1,0 +1,364 @@
+//! HTTP/1.1 connections to the app, kept alive between requests: the pool the
+//! proxy's HTTP/1 requests go through (HTTP/2 requests go through hyper-util's
+//! client, which multiplexes them).
+//!
+//! Built on hyper's own connection API (`hyper::client::conn::http1`) rather
+//! than hyper-util's general-purpose pool: with one app address and one
+//! thread, a locked stack of idle connections does what the general pool does
+//! (keyed lookup, waiters, executor hand-offs, per-response extensions) at
+//! about a fifth of its cost per request (measured: bench/README.md,
+//! "proxy.sh").
+//!
+//! The rules, as DESIGN §11 gives them:
+//! - an idle connection is kept at most [`super::UPSTREAM_IDLE`], shorter than
+//!   the keep-alive timeouts apps commonly use, so drainit gives it up before
+//!   the app closes it;
+//! - a reused connection found closed before the request went out (the app
+//!   closed it as drainit picked it) is given up, and the request goes once
+//!   more on a new connection; a request that may have reached the app is
+//!   never sent twice;
+//! - a connection is reused only after its response was read whole (hyper
+//!   says when it can take the next request); one whose response was cut is
+//!   closed.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::sync::Notify;
+
+use super::ProxyBody;
+
+/// How long a connection attempt to the app may take before the request is
+/// answered 503 (`rejected`, safe to retry).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a request did not get the app's response. `reached_app` false: it never
+/// got to the app (refused, connect timeout), so it is safe to retry.
+#[derive(Debug)]
+pub struct SendError {
+    /// The request may have reached the app.
+    pub reached_app: bool,
+    /// What failed, for the log.
+    pub message: String,
+}
+
+impl SendError {
+    fn unreached(message: String) -> SendError {
+        SendError {
+            reached_app: false,
+            message,
+        }
+    }
+}
+
+/// Idle keep-alive connections to one app address, most recently used on top.
+pub struct Pool {
+    addr: SocketAddr,
+    idle_for: Duration,
+    idle: Mutex<Vec<Idle>>,
+    /// Wakes [`Pool::sweep`] when the pool stops being empty.
+    filled: Notify,
+}
+
+struct Idle {
+    send: SendRequest<ProxyBody>,
+    since: Instant,
+}
+
+/// A connection lent to one request. Dropped with the response body (after
+/// its last byte, or early when the client went away): the connection goes
+/// back to the pool once hyper says it can take another request, or closes.
+pub struct Lease {
+    send: Option<SendRequest<ProxyBody>>,
+    pool: &'static Pool,
+}
+
+impl Lease {
+    /// The connection was taken over by an upgrade (`101`): it never goes back.
+    pub fn upgraded(mut self) {
+        self.send = None;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(mut send) = self.send.take() else {
+            return;
+        };
+        if send.is_ready() {
+            self.pool.put(send);
+        } else if !send.is_closed()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            // The connection task has not finished with the response yet
+            // (its last bytes, or a body the client left unread, which makes
+            // hyper close the connection): back once it is ready, if ever.
+            let pool = self.pool;
+            rt.spawn(async move {
+                if send.ready().await.is_ok() {
+                    pool.put(send);
+                }
+            });
+        }
+    }
+}
+
+impl Pool {
+    /// An empty pool for the app at `addr`; idle connections are kept at most
+    /// `idle_for`.
+    pub fn new(addr: SocketAddr, idle_for: Duration) -> Pool {
+        Pool {
+            addr,
+            idle_for,
+            idle: Mutex::new(Vec::new()),
+            filled: Notify::new(),
+        }
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or on a
+    /// new one. A reused connection that turns out closed before the request
+    /// went out is given up and the request is sent once more, on a new
+    /// connection.
+    ///
+    /// # Errors
+    /// [`SendError`]: `reached_app` false when the app could not be reached
+    /// (connection refused, [`CONNECT_TIMEOUT`]).
+    pub async fn send(
+        &'static self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<(Response<Incoming>, Lease), SendError> {
+        if let Some(mut send) = self.checkout() {
+            match send.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, self.lease(send))),
+                Err(mut e) => match e.take_message() {
+                    // Not a byte of it went out: safe to send again.
+                    Some(back) => {
+                        log::debug!("proxy: pooled upstream connection closed, sending again");
+                        req = back;
+                    }
+                    None => {
+                        return Err(SendError {
+                            reached_app: true,
+                            message: e.into_error().to_string(),
+                        });
+                    }
+                },
+            }
+        }
+        let mut send = self.connect().await?;
+        match send.send_request(req).await {
+            Ok(resp) => Ok((resp, self.lease(send))),
+            Err(e) => Err(SendError {
+                reached_app: true,
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// A new connection to the app, its task spawned on the current runtime
+    /// (with upgrades: a `101` hands the connection to the tunnel).
+    ///
+    /// # Errors
+    /// The connect failed or took longer than [`CONNECT_TIMEOUT`].
+    pub async fn connect(&self) -> Result<SendRequest<ProxyBody>, SendError> {
+        let addr = self.addr;
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                SendError::unreached(format!(
+                    "connect to {addr}: no answer within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                log::debug!("proxy: upstream connection ended: {e}");
+            }
+        });
+        Ok(send)
+    }
+
+    /// Closes idle connections older than the idle timeout, every half of it
+    /// while any is idle (asleep while the pool is empty). Runs for the life
+    /// of the proxy's runtime.
+    pub async fn sweep(&self) {
+        loop {
+            if self.lock().is_empty() {
+                self.filled.notified().await;
+            }
+            tokio::time::sleep(self.idle_for / 2).await;
+            let idle_for = self.idle_for;
+            self.lock()
+                .retain(|i| i.since.elapsed() < idle_for && !i.send.is_closed());
+        }
+    }
+
+    /// Idle connections now.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The most recently used idle connection that can take a request now;
+    /// the stale and closed ones met on the way are closed.
+    fn checkout(&self) -> Option<SendRequest<ProxyBody>> {
+        let mut idle = self.lock();
+        while let Some(i) = idle.pop() {
+            if i.since.elapsed() < self.idle_for && i.send.is_ready() {
+                return Some(i.send);
+            }
+        }
+        None
+    }
+
+    fn put(&self, send: SendRequest<ProxyBody>) {
+        let mut idle = self.lock();
+        idle.push(Idle {
+            send,
+            since: Instant::now(),
+        });
+        if idle.len() == 1 {
+            self.filled.notify_one();
+        }
+    }
+
+    fn lease(&'static self, send: SendRequest<ProxyBody>) -> Lease {
+        Lease {
+            send: Some(send),
+            pool: self,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn get(path: &'static str) -> Request<ProxyBody> {
+        Request::get(path)
+            .header("host", "app")
+            .body(ProxyBody::local(""))
+            .unwrap()
+    }
+
+    /// An app that answers every request on a connection, and closes the
+    /// connection after `per_conn` answers without saying so (as an app does
+    /// when its keep-alive timeout fires between two requests).
+    async fn app(per_conn: usize) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = conns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut tcp, _) = l.accept().await.unwrap();
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    for _ in 0..per_conn {
+                        let mut got = Vec::new();
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match tcp.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let _ = tcp
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                    }
+                });
+            }
+        });
+        (addr, conns)
+    }
+
+    async fn body(resp: Response<Incoming>) -> Vec<u8> {
+        use http_body_util::BodyExt;
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    /// Sequential requests share one connection; it is reused only after its
+    /// response was read whole.
+    #[tokio::test]
+    async fn sequential_requests_reuse_one_connection() {
+        let (addr, conns) = app(usize::MAX).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        for _ in 0..5 {
+            let (resp, lease) = pool.send(get("/")).await.unwrap();
+            assert_eq!(body(resp).await, b"ok");
+            drop(lease);
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    /// A pooled connection the app closed is not used: the request goes on a
+    /// new one and gets its answer.
+    #[tokio::test]
+    async fn a_connection_the_app_closed_is_replaced_and_the_request_answered() {
+        let (addr, conns) = app(1).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        for _ in 0..3 {
+            let (resp, lease) = pool.send(get("/")).await.unwrap();
+            assert_eq!(body(resp).await, b"ok");
+            drop(lease);
+            // The app's close reaches the connection task.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// Idle connections older than the idle timeout are closed, not reused.
+    #[tokio::test]
+    async fn a_stale_idle_connection_is_not_reused_and_is_swept() {
+        let (addr, conns) = app(usize::MAX).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_millis(100))));
+        tokio::spawn(pool.sweep());
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::task::yield_now().await;
+        assert_eq!(pool.idle_count(), 1);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(pool.idle_count(), 0, "the sweep closes it");
+        let (resp, _lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// Nothing listening: an error that says the request never reached the app.
+    #[tokio::test]
+    async fn a_refused_connection_never_reached_the_app() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let Err(e) = pool.send(get("/")).await else {
+            panic!("a request with nothing listening was answered");
+        };
+        assert!(!e.reached_app, "{e:?}");
+        assert!(e.message.contains(&addr.to_string()), "{e:?}");
+    }
+}
