@@ -1225,36 +1225,35 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 /// not forwarded; hyper frames the body itself. An upgrade keeps `Upgrade` and
 /// `Connection: upgrade`.
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
-    // Most messages carry none: one pass over the names, no lookups.
-    if !upgrading && !h.keys().any(is_hop_by_hop) {
+    // One pass over the names finds the hop-by-hop fields present (most
+    // messages carry none, or only `Connection`); only those are looked up.
+    let present: Vec<HeaderName> = h.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    if present.is_empty() && !upgrading {
         return;
     }
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+    if present.contains(&header::CONNECTION) {
+        let named: Vec<HeaderName> = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            // `close` names no field; the hop-by-hop ones are in `present`.
+            .filter(|t| !t.eq_ignore_ascii_case("close"))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter(|n| !is_hop_by_hop(n))
+            .collect();
+        for n in named {
+            h.remove(n);
+        }
+    }
+    for n in present {
         if !(upgrading && n == header::UPGRADE) {
             h.remove(n);
         }
     }
-    for n in [
-        header::CONNECTION,
-        HeaderName::from_static("proxy-connection"),
-        HeaderName::from_static("keep-alive"),
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::TRAILER,
-    ] {
-        h.remove(n);
-    }
     if upgrading {
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        h.remove(header::UPGRADE);
     }
 }
 

@@ -22,12 +22,14 @@
 //!   closed.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper::{Request, Response};
+use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::sync::Notify;
 
@@ -63,6 +65,9 @@ pub struct Pool {
     idle: Mutex<Vec<Idle>>,
     /// Wakes [`Pool::sweep`] when the pool stops being empty.
     filled: Notify,
+    /// Requests sent once more because the reused connection they were given
+    /// was found closed before they went out.
+    resent: AtomicU64,
 }
 
 struct Idle {
@@ -117,13 +122,20 @@ impl Pool {
             idle_for,
             idle: Mutex::new(Vec::new()),
             filled: Notify::new(),
+            resent: AtomicU64::new(0),
         }
     }
 
     /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or on a
-    /// new one. A reused connection that turns out closed before the request
-    /// went out is given up and the request is sent once more, on a new
-    /// connection.
+    /// new one. A reused connection that turns out closed is given up and the
+    /// request is sent once more, on a new connection, when that is safe:
+    /// - nothing of it went out (hyper hands it back), or
+    /// - the app closed or reset the connection before any byte of a
+    ///   response, and the request is idempotent (RFC 9110 §9.2.2: GET, HEAD,
+    ///   OPTIONS, TRACE, PUT, DELETE) with no body: the race of an app closing
+    ///   an idle keep-alive connection just as drainit writes on it, where the
+    ///   request's bytes go out after the app's FIN (nginx's
+    ///   `proxy_next_upstream error` does the same for idempotent requests).
     ///
     /// # Errors
     /// [`SendError`]: `reached_app` false when the app could not be reached
@@ -133,15 +145,16 @@ impl Pool {
         mut req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
         if let Some(mut send) = self.checkout() {
+            // A copy to send again, if it comes to that (a head only: no body).
+            let again = (is_idempotent(req.method()) && req.body().is_end_stream())
+                .then(|| head_copy(&req));
             match send.try_send_request(req).await {
                 Ok(resp) => return Ok((resp, self.lease(send))),
-                Err(mut e) => match e.take_message() {
-                    // Not a byte of it went out: safe to send again.
-                    Some(back) => {
-                        log::debug!("proxy: pooled upstream connection closed, sending again");
-                        req = back;
-                    }
-                    None => {
+                Err(mut e) => match (e.take_message(), again) {
+                    // Not a byte of it went out.
+                    (Some(back), _) => req = back,
+                    (None, Some(copy)) if closed_before_response(e.error()) => req = copy,
+                    (None, _) => {
                         return Err(SendError {
                             reached_app: true,
                             message: e.into_error().to_string(),
@@ -149,6 +162,8 @@ impl Pool {
                     }
                 },
             }
+            log::debug!("proxy: pooled upstream connection closed, sending again");
+            self.resent.fetch_add(1, Relaxed);
         }
         let mut send = self.connect().await?;
         match send.send_request(req).await {
@@ -203,6 +218,11 @@ impl Pool {
         }
     }
 
+    /// Requests sent once more on a new connection (see [`Pool::send`]).
+    pub fn resent(&self) -> u64 {
+        self.resent.load(Relaxed)
+    }
+
     /// Idle connections now.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
@@ -244,6 +264,42 @@ impl Pool {
     }
 }
 
+/// RFC 9110 §9.2.2: a request with one of these methods may be sent again
+/// after a failure.
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// `req`'s head with an empty body.
+fn head_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
+    let mut copy = Request::new(ProxyBody::local(""));
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// The connection ended (EOF, reset, broken pipe) before a whole response
+/// head came.
+fn closed_before_response(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    e.is_incomplete_message()
+        || e.source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionAborted
+                )
+            })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,9 +313,12 @@ mod tests {
     }
 
     /// An app that answers every request on a connection, and closes the
-    /// connection after `per_conn` answers without saying so (as an app does
-    /// when its keep-alive timeout fires between two requests).
-    async fn app(per_conn: usize) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    /// connection `linger` after its `per_conn`th answer without saying so (as
+    /// an app does when its keep-alive timeout fires between two requests).
+    async fn app(
+        per_conn: usize,
+        linger: Duration,
+    ) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -282,6 +341,7 @@ mod tests {
                             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                             .await;
                     }
+                    tokio::time::sleep(linger).await;
                 });
             }
         });
@@ -302,7 +362,7 @@ mod tests {
     /// response was read whole.
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
-        let (addr, conns) = app(usize::MAX).await;
+        let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         for _ in 0..5 {
             let (resp, lease) = pool.send(get("/")).await.unwrap();
@@ -318,7 +378,7 @@ mod tests {
     /// new one and gets its answer.
     #[tokio::test]
     async fn a_connection_the_app_closed_is_replaced_and_the_request_answered() {
-        let (addr, conns) = app(1).await;
+        let (addr, conns) = app(1, Duration::ZERO).await;
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         for _ in 0..3 {
             let (resp, lease) = pool.send(get("/")).await.unwrap();
@@ -330,10 +390,58 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
+    /// The race the retry is for: the app closed the pooled connection, and
+    /// drainit picks it before its connection task saw the close. Nothing went
+    /// out on it (hyper writes no request on a connection whose read side has
+    /// closed), so the request is sent once more, on a new connection.
+    #[tokio::test]
+    async fn a_request_given_a_connection_the_app_just_closed_is_sent_once_more() {
+        let (addr, conns) = app(1, Duration::from_millis(200)).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(pool.idle_count(), 1, "the connection is idle, open");
+        // Blocks the runtime: the app's FIN arrives, and no task runs to see it.
+        std::thread::sleep(Duration::from_millis(300));
+        let (resp, _lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert_eq!(
+            pool.resent(),
+            1,
+            "the closed connection was not the one picked"
+        );
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// The same race with a POST and its body: it may have reached the app,
+    /// and it is not idempotent, so it is not sent again (the proxy answers 502
+    /// and the ledger says `unknown`).
+    #[tokio::test]
+    async fn a_post_given_a_connection_the_app_just_closed_is_not_sent_again() {
+        let (addr, _) = app(1, Duration::from_millis(200)).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        std::thread::sleep(Duration::from_millis(300));
+        let post = Request::post("/")
+            .header("host", "app")
+            .body(ProxyBody::local("data"))
+            .unwrap();
+        let Err(e) = pool.send(post).await else {
+            panic!("the POST was answered on a closed connection");
+        };
+        assert!(e.reached_app, "{e:?}");
+        assert_eq!(pool.resent(), 0);
+    }
+
     /// Idle connections older than the idle timeout are closed, not reused.
     #[tokio::test]
     async fn a_stale_idle_connection_is_not_reused_and_is_swept() {
-        let (addr, conns) = app(usize::MAX).await;
+        let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_millis(100))));
         tokio::spawn(pool.sweep());
         let (resp, lease) = pool.send(get("/")).await.unwrap();
