@@ -1259,13 +1259,17 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
 
 /// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRANSFER_ENCODING
-        || name == header::TRAILER
-        || name == header::UPGRADE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+    // One match on the (lowercase) name: cheaper than seven comparisons.
+    matches!(
+        name.as_str(),
+        "connection"
+            | "te"
+            | "transfer-encoding"
+            | "trailer"
+            | "upgrade"
+            | "keep-alive"
+            | "proxy-connection"
+    )
 }
 
 /// The client's address as `X-Forwarded-For` gives it (an IPv4-mapped IPv6
