@@ -89,7 +89,8 @@ def scenarios(binary, work):
     outs = []
 
     # 1. A quiet life: start, readiness and liveness asked (a kubelet, a Docker
-    #    HEALTHCHECK), the child exits by itself, the report.
+    #    HEALTHCHECK), the child exits by itself, the report; once more without
+    #    the probe server.
     # 2. A drain: metrics and an unknown path asked, the drain signal, a child
     #    that drains.
     # 3. A child that ignores the drain signal: the deadline, SIGKILL, exit 2.
@@ -113,6 +114,11 @@ def scenarios(binary, work):
             during=asking(port, ["/healthz", "/readyz"]),
         )
         outs.append(out)
+    # The same life without the probe server (`--probe-addr off`: a shell-script
+    # test, a batch job): its parsing of `off` is the only code it adds.
+    out = os.path.join(work, "cg.quiet.off")
+    callgrind(out, [binary, "--probe-addr", "off", "--", "sleep", "2"])
+    outs.append(out)
 
     port = free_port()
     out = os.path.join(work, "cg.drain")
