@@ -6,8 +6,11 @@
 //! than hyper-util's general-purpose pool: with one app address and one
 //! thread, a locked stack of idle connections does what the general pool does
 //! (keyed lookup, waiters, executor hand-offs, per-response extensions) at
-//! about a fifth of its cost per request (measured: bench/README.md,
-//! "proxy.sh").
+//! about a quarter of its cost. Measured with callgrind over 4,000 proxied
+//! requests: sending a request and getting its response head took 27.7 k
+//! instructions through hyper-util's client and 7.3 k through this pool, and a
+//! whole proxied request 127 k before and 98 k after (README, "Proxy
+//! latency").
 //!
 //! The rules, as DESIGN §11 gives them:
 //! - an idle connection is kept at most [`super::UPSTREAM_IDLE`], shorter than
