@@ -303,6 +303,7 @@ pub fn render(view: &View) -> String {
 /// | `drainit_proxy_malformed_total` | counter | |
 /// | `drainit_proxy_request_duration_seconds` | histogram | |
 /// | `drainit_proxy_streams_total` | counter | `event`: opened, completed, closed_by_drain, abandoned |
+/// | `drainit_proxy_upstream_resent_total` | counter | |
 fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
     use crate::proxy::ledger::DURATION_BUCKETS;
     head(
@@ -381,6 +382,17 @@ fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
     ] {
         let _ = writeln!(out, "drainit_proxy_streams_total{{event=\"{event}\"}} {n}");
     }
+    head(
+        out,
+        "drainit_proxy_upstream_resent_total",
+        "counter",
+        "Requests sent to the app once more on a new connection because the pooled one they were given had been closed by the app (README, Admission proxy, Upstream).",
+    );
+    let _ = writeln!(
+        out,
+        "drainit_proxy_upstream_resent_total {}",
+        crate::proxy::upstream_resent().unwrap_or(0)
+    );
 }
 
 fn head(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -348,10 +348,20 @@ pub fn running_ledger() -> Option<&'static Ledger> {
 
 static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
 
+/// Requests the running proxy sent to the app a second time because the
+/// reused connection they were given was found closed ([`upstream::Pool::send`]);
+/// `None` without `--proxy`. For `/metrics`.
+pub fn upstream_resent() -> Option<u64> {
+    POOL.get().map(|p| p.resent())
+}
+
+static POOL: OnceLock<&'static upstream::Pool> = OnceLock::new();
+
 async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
     let _ = RUNNING.set(&shared.ledger);
     // One per process (the proxy starts once), as `shared` is.
     let clients: &'static Clients = Box::leak(Box::new(Clients::new(shared.upstream)));
+    let _ = POOL.set(&clients.h1);
     tokio::spawn(clients.h1.sweep());
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_cap()));
     loop {
@@ -1241,7 +1251,9 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
             // `close` names no field; the hop-by-hop ones are in `present`.
             .filter(|t| !t.eq_ignore_ascii_case("close"))
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-            .filter(|n| !is_hop_by_hop(n))
+            // `Host` is end to end whatever a client says (RFC 9112 §3.2
+            // requires it): `Connection: host` must not strip it.
+            .filter(|n| !is_hop_by_hop(n) && n != header::HOST)
             .collect();
         for n in named {
             h.remove(n);
@@ -1342,9 +1354,10 @@ async fn send_asterisk(
     pool: &upstream::Pool,
     mut req: Request<ProxyBody>,
 ) -> Result<Response<Incoming>, upstream::SendError> {
-    let mut send = pool.connect().await?;
+    let mut conn = pool.connect().await?;
     *req.uri_mut() = Uri::from_static("*");
-    send.send_request(req)
+    conn.send
+        .send_request(req)
         .await
         .map_err(|e| upstream::SendError {
             reached_app: true,
@@ -1434,6 +1447,24 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
+        // Nothing hop-by-hop: nothing changes.
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("app"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 2);
+        // `Connection` naming `Host` (a client trying to strip it) keeps it,
+        // and `close` names nothing.
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("app"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, Host, x-gone"),
+        );
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["host"]);
     }
 
     #[test]

@@ -1355,11 +1355,12 @@ fn metrics_count_proxy_requests_by_outcome() {
         value("drainit_proxy_requests_total{", "outcome=\"unknown\""),
         value("drainit_proxy_requests_in_flight", ""),
         value("drainit_proxy_request_duration_seconds_count", ""),
+        value("drainit_proxy_upstream_resent_total", ""),
     ];
-    let want = ["2", "1", "0", "3"].map(|v| Some(v.to_string()));
+    let want = ["2", "1", "0", "3", "0"].map(|v| Some(v.to_string()));
     assert_eq!(
         got, want,
-        "completed, unknown, in flight, durations:\n{metrics}"
+        "completed, unknown, in flight, durations, resent:\n{metrics}"
     );
     // The in-flight gauge sees a request inside the app.
     let port = px.port;

@@ -25,8 +25,10 @@
 //!   closed.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::Body as _;
@@ -34,6 +36,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 use super::ProxyBody;
@@ -74,33 +77,41 @@ pub struct Pool {
 }
 
 struct Idle {
-    send: SendRequest<ProxyBody>,
+    conn: Conn,
     since: Instant,
+}
+
+/// One connection to the app: hyper's handle on it, and the bytes read from
+/// it so far ([`Counted`]).
+pub struct Conn {
+    /// Sends requests on it.
+    pub send: SendRequest<ProxyBody>,
+    read: Arc<AtomicU64>,
 }
 
 /// A connection lent to one request. Dropped with the response body (after
 /// its last byte, or early when the client went away): the connection goes
 /// back to the pool once hyper says it can take another request, or closes.
 pub struct Lease {
-    send: Option<SendRequest<ProxyBody>>,
+    conn: Option<Conn>,
     pool: &'static Pool,
 }
 
 impl Lease {
     /// The connection was taken over by an upgrade (`101`): it never goes back.
     pub fn upgraded(mut self) {
-        self.send = None;
+        self.conn = None;
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Some(mut send) = self.send.take() else {
+        let Some(mut conn) = self.conn.take() else {
             return;
         };
-        if send.is_ready() {
-            self.pool.put(send);
-        } else if !send.is_closed()
+        if conn.send.is_ready() {
+            self.pool.put(conn);
+        } else if !conn.send.is_closed()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             // The connection task has not finished with the response yet
@@ -108,8 +119,8 @@ impl Drop for Lease {
             // hyper close the connection): back once it is ready, if ever.
             let pool = self.pool;
             rt.spawn(async move {
-                if send.ready().await.is_ok() {
-                    pool.put(send);
+                if conn.send.ready().await.is_ok() {
+                    pool.put(conn);
                 }
             });
         }
@@ -133,30 +144,41 @@ impl Pool {
     /// new one. A reused connection that turns out closed is given up and the
     /// request is sent once more, on a new connection, when that is safe:
     /// - nothing of it went out (hyper hands it back), or
-    /// - the app closed or reset the connection before any byte of a
-    ///   response, and the request is idempotent (RFC 9110 §9.2.2: GET, HEAD,
+    /// - the app closed or reset the connection without sending a single byte
+    ///   back, and the request is idempotent (RFC 9110 §9.2.2: GET, HEAD,
     ///   OPTIONS, TRACE, PUT, DELETE) with no body: the race of an app closing
     ///   an idle keep-alive connection just as drainit writes on it, where the
-    ///   request's bytes go out after the app's FIN (nginx's
-    ///   `proxy_next_upstream error` does the same for idempotent requests).
+    ///   request's bytes go out after the app's FIN and the app never reads
+    ///   them (nginx's `proxy_next_upstream error` resends idempotent requests
+    ///   too). The app may also have died reading it: if the second attempt
+    ///   cannot connect, the request counts as having reached the app.
     ///
     /// # Errors
     /// [`SendError`]: `reached_app` false when the app could not be reached
-    /// (connection refused, [`CONNECT_TIMEOUT`]).
+    /// (connection refused, [`CONNECT_TIMEOUT`]) and no earlier attempt may
+    /// have reached it.
     pub async fn send(
         &'static self,
         mut req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
-        if let Some(mut send) = self.checkout() {
+        let mut maybe_delivered = false;
+        if let Some(mut conn) = self.checkout() {
             // A copy to send again, if it comes to that (a head only: no body).
             let again = (is_idempotent(req.method()) && req.body().is_end_stream())
                 .then(|| head_copy(&req));
-            match send.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, self.lease(send))),
+            let read_before = conn.read.load(Relaxed);
+            match conn.send.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, self.lease(conn))),
                 Err(mut e) => match (e.take_message(), again) {
                     // Not a byte of it went out.
                     (Some(back), _) => req = back,
-                    (None, Some(copy)) if closed_before_response(e.error()) => req = copy,
+                    (None, Some(copy))
+                        if conn.read.load(Relaxed) == read_before
+                            && closed_before_response(e.error()) =>
+                    {
+                        req = copy;
+                        maybe_delivered = true;
+                    }
                     (None, _) => {
                         return Err(SendError {
                             reached_app: true,
@@ -168,9 +190,12 @@ impl Pool {
             log::debug!("proxy: pooled upstream connection closed, sending again");
             self.resent.fetch_add(1, Relaxed);
         }
-        let mut send = self.connect().await?;
-        match send.send_request(req).await {
-            Ok(resp) => Ok((resp, self.lease(send))),
+        let mut conn = self.connect().await.map_err(|e| SendError {
+            reached_app: e.reached_app || maybe_delivered,
+            message: e.message,
+        })?;
+        match conn.send.send_request(req).await {
+            Ok(resp) => Ok((resp, self.lease(conn))),
             Err(e) => Err(SendError {
                 reached_app: true,
                 message: e.to_string(),
@@ -183,7 +208,7 @@ impl Pool {
     ///
     /// # Errors
     /// The connect failed or took longer than [`CONNECT_TIMEOUT`].
-    pub async fn connect(&self) -> Result<SendRequest<ProxyBody>, SendError> {
+    pub async fn connect(&self) -> Result<Conn, SendError> {
         let addr = self.addr;
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
             .await
@@ -195,7 +220,12 @@ impl Pool {
             })?
             .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
         let _ = tcp.set_nodelay(true);
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        let read = Arc::new(AtomicU64::new(0));
+        let io = Counted {
+            tcp,
+            read: read.clone(),
+        };
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
         tokio::spawn(async move {
@@ -203,7 +233,7 @@ impl Pool {
                 log::debug!("proxy: upstream connection ended: {e}");
             }
         });
-        Ok(send)
+        Ok(Conn { send, read })
     }
 
     /// Closes idle connections older than the idle timeout, every half of it
@@ -217,7 +247,7 @@ impl Pool {
             tokio::time::sleep(self.idle_for / 2).await;
             let idle_for = self.idle_for;
             self.lock()
-                .retain(|i| i.since.elapsed() < idle_for && !i.send.is_closed());
+                .retain(|i| i.since.elapsed() < idle_for && !i.conn.send.is_closed());
         }
     }
 
@@ -234,20 +264,20 @@ impl Pool {
 
     /// The most recently used idle connection that can take a request now;
     /// the stale and closed ones met on the way are closed.
-    fn checkout(&self) -> Option<SendRequest<ProxyBody>> {
+    fn checkout(&self) -> Option<Conn> {
         let mut idle = self.lock();
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < self.idle_for && i.send.is_ready() {
-                return Some(i.send);
+            if i.since.elapsed() < self.idle_for && i.conn.send.is_ready() {
+                return Some(i.conn);
             }
         }
         None
     }
 
-    fn put(&self, send: SendRequest<ProxyBody>) {
+    fn put(&self, conn: Conn) {
         let mut idle = self.lock();
         idle.push(Idle {
-            send,
+            conn,
             since: Instant::now(),
         });
         if idle.len() == 1 {
@@ -255,15 +285,69 @@ impl Pool {
         }
     }
 
-    fn lease(&'static self, send: SendRequest<ProxyBody>) -> Lease {
+    fn lease(&'static self, conn: Conn) -> Lease {
         Lease {
-            send: Some(send),
+            conn: Some(conn),
             pool: self,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The app's side of a connection, counting the bytes read from it: a
+/// request whose connection failed is sent again only if the app sent nothing
+/// back ([`Pool::send`]).
+struct Counted {
+    tcp: tokio::net::TcpStream,
+    read: Arc<AtomicU64>,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            self.read
+                .fetch_add((buf.filled().len() - before) as u64, Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
 
@@ -436,6 +520,76 @@ mod tests {
             .unwrap();
         let Err(e) = pool.send(post).await else {
             panic!("the POST was answered on a closed connection");
+        };
+        assert!(e.reached_app, "{e:?}");
+        assert_eq!(pool.resent(), 0);
+    }
+
+    /// The same race when the app is gone for good (it closed the connection
+    /// as it died): the second attempt is refused, and since the first may have
+    /// reached the app, the request is not "never reached the app" (it would
+    /// be counted `rejected`, safe to retry, when the app may have acted on it).
+    #[tokio::test]
+    async fn a_resent_request_whose_second_attempt_is_refused_may_have_reached_the_app() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut tcp, _) = l.accept().await.unwrap();
+            drop(l); // nothing listens any more
+            let mut buf = vec![0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = tcp.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        std::thread::sleep(Duration::from_millis(300));
+        let Err(e) = pool.send(get("/")).await else {
+            panic!("answered with nothing listening");
+        };
+        assert_eq!(pool.resent(), 1, "{e:?}");
+        assert!(e.reached_app, "{e:?}");
+    }
+
+    /// A GET whose reused connection broke after the app had sent part of a
+    /// response: the app read it, so it is not sent again.
+    #[tokio::test]
+    async fn a_get_the_app_began_to_answer_is_not_sent_again() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut tcp, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            for answer in [
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..],
+                b"HTTP/1.1 2",
+            ] {
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = tcp.read(&mut buf).await.unwrap();
+                    assert!(n > 0);
+                    got.extend_from_slice(&buf[..n]);
+                }
+                tcp.write_all(answer).await.unwrap();
+            }
+            // Dropped: closed after half a status line.
+        });
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::task::yield_now().await;
+        let Err(e) = pool.send(get("/cut")).await else {
+            panic!("a cut response was answered");
         };
         assert!(e.reached_app, "{e:?}");
         assert_eq!(pool.resent(), 0);
