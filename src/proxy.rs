@@ -436,6 +436,50 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<(bool,
     }
 }
 
+/// `impl AsyncWrite` for a wrapper of a `TcpStream` in its field `tcp`: writes
+/// go straight to the socket (vectored writes too). For [`Rewind`] and the
+/// app-side [`upstream`] wrapper, which differ only in how they read.
+macro_rules! write_through_tcp {
+    ($wrapper:ty) => {
+        impl tokio::io::AsyncWrite for $wrapper {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.tcp).poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.tcp.is_write_vectored()
+            }
+
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx)
+            }
+        }
+    };
+}
+use write_through_tcp;
+
 /// A connection whose first bytes were read by [`sniff`]: they are read again
 /// first, then the socket.
 struct Rewind {
@@ -459,35 +503,7 @@ impl tokio::io::AsyncRead for Rewind {
     }
 }
 
-impl tokio::io::AsyncWrite for Rewind {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
+write_through_tcp!(Rewind);
 
 /// Yields when the gate reaches `at` after this receiver last looked (a gate
 /// already there when the connection came does not count: a new connection is

@@ -36,7 +36,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
 
 use super::ProxyBody;
@@ -321,35 +321,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
+super::write_through_tcp!(Counted);
 
 /// RFC 9110 §9.2.2: a request with one of these methods may be sent again
 /// after a failure.
@@ -399,6 +371,21 @@ mod tests {
             .unwrap()
     }
 
+    /// The app's answer in these tests.
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    /// Reads one request head (no body in these tests); false at EOF or error.
+    async fn read_head(tcp: &mut tokio::net::TcpStream) -> bool {
+        let (mut buf, mut got) = ([0u8; 4096], Vec::new());
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    }
+
     /// An app that answers every request on a connection, and closes the
     /// connection `linger` after its `per_conn`th answer without saying so (as
     /// an app does when its keep-alive timeout fires between two requests).
@@ -415,18 +402,11 @@ mod tests {
                 let (mut tcp, _) = l.accept().await.unwrap();
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
                     for _ in 0..per_conn {
-                        let mut got = Vec::new();
-                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match tcp.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => got.extend_from_slice(&buf[..n]),
-                            }
+                        if !read_head(&mut tcp).await {
+                            return;
                         }
-                        let _ = tcp
-                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                            .await;
+                        let _ = tcp.write_all(OK).await;
                     }
                     tokio::time::sleep(linger).await;
                 });
@@ -477,21 +457,30 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
-    /// The race the retry is for: the app closed the pooled connection, and
-    /// drainit picks it before its connection task saw the close. Nothing went
-    /// out on it (hyper writes no request on a connection whose read side has
-    /// closed), so the request is sent once more, on a new connection.
-    #[tokio::test]
-    async fn a_request_given_a_connection_the_app_just_closed_is_sent_once_more() {
-        let (addr, conns) = app(1, Duration::from_millis(200)).await;
+    /// A pool whose one idle connection the app (from [`app`] with a linger)
+    /// has closed, and whose connection task has not seen it yet: one request
+    /// answered, the connection back in the pool, then the runtime blocked
+    /// while the app's FIN arrives (no task runs to see it). The next request
+    /// picks that connection and is written after the FIN.
+    async fn closed_as_picked(addr: SocketAddr) -> &'static Pool {
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         drop(lease);
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(pool.idle_count(), 1, "the connection is idle, open");
-        // Blocks the runtime: the app's FIN arrives, and no task runs to see it.
         std::thread::sleep(Duration::from_millis(300));
+        pool
+    }
+
+    /// The race the resend is for: the app closed the pooled connection, and
+    /// drainit picks it before its connection task saw the close. The GET is
+    /// written after the app's FIN and the app sends nothing back, so it is
+    /// sent once more, on a new connection, and answered.
+    #[tokio::test]
+    async fn a_request_given_a_connection_the_app_just_closed_is_sent_once_more() {
+        let (addr, conns) = app(1, Duration::from_millis(200)).await;
+        let pool = closed_as_picked(addr).await;
         let (resp, _lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         assert_eq!(
@@ -508,12 +497,7 @@ mod tests {
     #[tokio::test]
     async fn a_post_given_a_connection_the_app_just_closed_is_not_sent_again() {
         let (addr, _) = app(1, Duration::from_millis(200)).await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
-        let (resp, lease) = pool.send(get("/")).await.unwrap();
-        assert_eq!(body(resp).await, b"ok");
-        drop(lease);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        std::thread::sleep(Duration::from_millis(300));
+        let pool = closed_as_picked(addr).await;
         let post = Request::post("/")
             .header("host", "app")
             .body(ProxyBody::local("data"))
@@ -536,23 +520,11 @@ mod tests {
         tokio::spawn(async move {
             let (mut tcp, _) = l.accept().await.unwrap();
             drop(l); // nothing listens any more
-            let mut buf = vec![0u8; 4096];
-            let mut got = Vec::new();
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = tcp.read(&mut buf).await.unwrap();
-                got.extend_from_slice(&buf[..n]);
-            }
-            tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .await
-                .unwrap();
+            assert!(read_head(&mut tcp).await);
+            tcp.write_all(OK).await.unwrap();
             tokio::time::sleep(Duration::from_millis(200)).await;
         });
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
-        let (resp, lease) = pool.send(get("/")).await.unwrap();
-        assert_eq!(body(resp).await, b"ok");
-        drop(lease);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        std::thread::sleep(Duration::from_millis(300));
+        let pool = closed_as_picked(addr).await;
         let Err(e) = pool.send(get("/")).await else {
             panic!("answered with nothing listening");
         };
@@ -568,17 +540,8 @@ mod tests {
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut tcp, _) = l.accept().await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            for answer in [
-                &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..],
-                b"HTTP/1.1 2",
-            ] {
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = tcp.read(&mut buf).await.unwrap();
-                    assert!(n > 0);
-                    got.extend_from_slice(&buf[..n]);
-                }
+            for answer in [OK, b"HTTP/1.1 2"] {
+                assert!(read_head(&mut tcp).await);
                 tcp.write_all(answer).await.unwrap();
             }
             // Dropped: closed after half a status line.
