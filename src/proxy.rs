@@ -932,9 +932,14 @@ async fn handle(
     if h2 {
         parts.uri = upstream_uri(&shared.authority, &parts.uri);
     } else {
-        // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; a
-        // request without one (HTTP/1.0) names the app.
+        // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; an
+        // absolute-form target's host replaces it (RFC 9112 §3.2.2: the target
+        // wins over a `Host` that disagrees); a request without either
+        // (HTTP/1.0) names the app.
         if !asterisk && parts.method != Method::CONNECT {
+            if let Some(host) = parts.uri.authority().and_then(host_of) {
+                parts.headers.insert(header::HOST, host);
+            }
             parts.uri = origin_form(std::mem::take(&mut parts.uri));
         }
         if !parts.headers.contains_key(header::HOST)
@@ -1365,6 +1370,13 @@ async fn send_asterisk(
         })
 }
 
+/// The `Host` field for an absolute-form target's authority: its host and
+/// port, without the userinfo a client may have put before them.
+fn host_of(a: &hyper::http::uri::Authority) -> Option<HeaderValue> {
+    let host = a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h);
+    HeaderValue::from_str(host).ok()
+}
+
 /// The origin form of a request target (RFC 9112 §3.2.1): an absolute-form
 /// target loses its scheme and authority; one in origin form is kept as it is.
 fn origin_form(uri: Uri) -> Uri {
@@ -1520,6 +1532,19 @@ mod tests {
         append_forwarded_for(&mut h, forwarded_ip("10.0.0.2:5000".parse().unwrap()));
         let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
         assert_eq!(all, ["6.6.6.6, 203.0.113.9, 10.0.0.2"]);
+    }
+
+    #[test]
+    fn an_absolute_form_target_becomes_origin_form_and_its_host() {
+        let o = |s: &str| origin_form(s.parse().unwrap()).to_string();
+        assert_eq!(o("/a?b=1"), "/a?b=1");
+        assert_eq!(o("http://h.example/a?b=1"), "/a?b=1");
+        assert_eq!(o("http://h.example"), "/");
+        // No path, a query: the path is `/` (RFC 9112 §3.2.1: never empty).
+        assert_eq!(o("http://h.example?b=1"), "/?b=1");
+        let h = |s: &str| host_of(&s.parse().unwrap()).unwrap();
+        assert_eq!(h("h.example:8080"), "h.example:8080");
+        assert_eq!(h("user:pw@h.example"), "h.example");
     }
 
     #[test]
