@@ -378,10 +378,14 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
-        tokio::spawn(async move {
-            connection(tcp, peer, shared, clients).await;
-            drop(permit);
-        });
+        // Given back when the connection and every tunnel it became are closed.
+        tokio::spawn(connection(
+            tcp,
+            peer,
+            shared,
+            clients,
+            std::sync::Arc::new(permit),
+        ));
     }
 }
 
@@ -507,6 +511,7 @@ async fn connection(
     peer: SocketAddr,
     shared: &'static Shared,
     clients: &'static Clients,
+    slot: Slot,
 ) {
     let mut gate = shared.gate_tx.subscribe();
     let unanswered = std::sync::Arc::new(Unanswered::new(shared));
@@ -541,11 +546,11 @@ async fn connection(
     let peer_ip = Peer::new(peer);
     let first = unanswered.clone();
     let service = hyper::service::service_fn(move |req| {
-        let peer_ip = peer_ip.clone();
+        let (peer_ip, slot) = (peer_ip.clone(), slot.clone());
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         async move {
-            let resp = handle(req, peer_ip, shared, clients).await;
+            let resp = handle(req, peer_ip, shared, clients, slot).await;
             if let Some(u) = unanswered {
                 u.answered();
             }
@@ -558,6 +563,11 @@ async fn connection(
         serve_h1(io, service, gate, shared, &first).await;
     }
 }
+
+/// A client connection's place among the [`connection_cap`] served at once:
+/// held by the connection, and by the tunnel of an upgrade (a WebSocket keeps
+/// the client's and the app's descriptors open after hyper let the connection go).
+type Slot = std::sync::Arc<tokio::sync::OwnedSemaphorePermit>;
 
 /// A client connection counted in [`Shared::unanswered`] until its first
 /// response is ready or it ends: [`Proxy::stop`] waits a moment for those
@@ -850,6 +860,7 @@ async fn handle(
     peer_ip: Peer,
     shared: &'static Shared,
     clients: &'static Clients,
+    slot: Slot,
 ) -> Response<ProxyBody> {
     let gate = shared.gate();
     let version = req.version();
@@ -1011,7 +1022,14 @@ async fn handle(
         // flight" never sees a gap between the two.
         let reg = shared.streams.register();
         shared.ledger.stream_opened();
-        tokio::spawn(tunnel(client_upgrade, app_upgrade, websocket, reg, shared));
+        tokio::spawn(tunnel(
+            client_upgrade,
+            app_upgrade,
+            websocket,
+            reg,
+            shared,
+            slot,
+        ));
         admitted.settle(Outcome::Completed);
         drop(admitted);
         shared.settled();
@@ -1083,6 +1101,7 @@ async fn tunnel(
     websocket: bool,
     reg: Registered<'static>,
     shared: &'static Shared,
+    _slot: Slot,
 ) {
     let mut open = Open {
         shared,
