@@ -378,10 +378,14 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
-        tokio::spawn(async move {
-            connection(tcp, peer, shared, clients).await;
-            drop(permit);
-        });
+        // Given back when the connection and every tunnel it became are closed.
+        tokio::spawn(connection(
+            tcp,
+            peer,
+            shared,
+            clients,
+            std::sync::Arc::new(permit),
+        ));
     }
 }
 
@@ -523,6 +527,7 @@ async fn connection(
     peer: SocketAddr,
     shared: &'static Shared,
     clients: &'static Clients,
+    slot: Slot,
 ) {
     let mut gate = shared.gate_tx.subscribe();
     let unanswered = std::sync::Arc::new(Unanswered::new(shared));
@@ -557,11 +562,11 @@ async fn connection(
     let peer_ip = Peer::new(peer);
     let first = unanswered.clone();
     let service = hyper::service::service_fn(move |req| {
-        let peer_ip = peer_ip.clone();
+        let (peer_ip, slot) = (peer_ip.clone(), slot.clone());
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         async move {
-            let resp = handle(req, peer_ip, shared, clients).await;
+            let resp = handle(req, peer_ip, shared, clients, slot).await;
             if let Some(u) = unanswered {
                 u.answered();
             }
@@ -574,6 +579,11 @@ async fn connection(
         serve_h1(io, service, gate, shared, &first).await;
     }
 }
+
+/// A client connection's place among the [`connection_cap`] served at once:
+/// held by the connection, and by the tunnel of an upgrade (a WebSocket keeps
+/// the client's and the app's descriptors open after hyper let the connection go).
+type Slot = std::sync::Arc<tokio::sync::OwnedSemaphorePermit>;
 
 /// A client connection counted in [`Shared::unanswered`] until its first
 /// response is ready or it ends: [`Proxy::stop`] waits a moment for those
@@ -866,6 +876,7 @@ async fn handle(
     peer_ip: Peer,
     shared: &'static Shared,
     clients: &'static Clients,
+    slot: Slot,
 ) -> Response<ProxyBody> {
     let gate = shared.gate();
     let version = req.version();
@@ -948,9 +959,14 @@ async fn handle(
     if h2 {
         parts.uri = upstream_uri(&shared.authority, &parts.uri);
     } else {
-        // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; a
-        // request without one (HTTP/1.0) names the app.
+        // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; an
+        // absolute-form target's host replaces it (RFC 9112 §3.2.2: the target
+        // wins over a `Host` that disagrees); a request without either
+        // (HTTP/1.0) names the app.
         if !asterisk && parts.method != Method::CONNECT {
+            if let Some(host) = parts.uri.authority().and_then(host_of) {
+                parts.headers.insert(header::HOST, host);
+            }
             parts.uri = origin_form(std::mem::take(&mut parts.uri));
         }
         if !parts.headers.contains_key(header::HOST)
@@ -1022,7 +1038,14 @@ async fn handle(
         // flight" never sees a gap between the two.
         let reg = shared.streams.register();
         shared.ledger.stream_opened();
-        tokio::spawn(tunnel(client_upgrade, app_upgrade, websocket, reg, shared));
+        tokio::spawn(tunnel(
+            client_upgrade,
+            app_upgrade,
+            websocket,
+            reg,
+            shared,
+            slot,
+        ));
         admitted.settle(Outcome::Completed);
         drop(admitted);
         shared.settled();
@@ -1094,6 +1117,7 @@ async fn tunnel(
     websocket: bool,
     reg: Registered<'static>,
     shared: &'static Shared,
+    _slot: Slot,
 ) {
     let mut open = Open {
         shared,
@@ -1381,6 +1405,13 @@ async fn send_asterisk(
         })
 }
 
+/// The `Host` field for an absolute-form target's authority: its host and
+/// port, without the userinfo a client may have put before them.
+fn host_of(a: &hyper::http::uri::Authority) -> Option<HeaderValue> {
+    let host = a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h);
+    HeaderValue::from_str(host).ok()
+}
+
 /// The origin form of a request target (RFC 9112 §3.2.1): an absolute-form
 /// target loses its scheme and authority; one in origin form is kept as it is.
 fn origin_form(uri: Uri) -> Uri {
@@ -1536,6 +1567,19 @@ mod tests {
         append_forwarded_for(&mut h, forwarded_ip("10.0.0.2:5000".parse().unwrap()));
         let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
         assert_eq!(all, ["6.6.6.6, 203.0.113.9, 10.0.0.2"]);
+    }
+
+    #[test]
+    fn an_absolute_form_target_becomes_origin_form_and_its_host() {
+        let o = |s: &str| origin_form(s.parse().unwrap()).to_string();
+        assert_eq!(o("/a?b=1"), "/a?b=1");
+        assert_eq!(o("http://h.example/a?b=1"), "/a?b=1");
+        assert_eq!(o("http://h.example"), "/");
+        // No path, a query: the path is `/` (RFC 9112 §3.2.1: never empty).
+        assert_eq!(o("http://h.example?b=1"), "/?b=1");
+        let h = |s: &str| host_of(&s.parse().unwrap()).unwrap();
+        assert_eq!(h("h.example:8080"), "h.example:8080");
+        assert_eq!(h("user:pw@h.example"), "h.example");
     }
 
     #[test]

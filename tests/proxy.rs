@@ -2387,3 +2387,95 @@ fn a_flood_of_the_health_path_runs_the_checks_a_few_times_a_second_not_per_reque
     let (code, _) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
 }
+
+/// The request's headers as the app received them (proxyapp's /echo-headers),
+/// from a raw request `raw` sent to the proxy.
+fn echoed_headers(px: &Px, raw: &str) -> (String, Vec<(String, String)>) {
+    let mut c = px.conn();
+    c.send(raw.as_bytes()).unwrap();
+    let resp = c.response(false).unwrap();
+    assert_eq!(resp.status, 200, "{raw:?}: {resp:?}");
+    let got: Vec<(String, String)> = serde_json::from_slice(&resp.body).unwrap();
+    let recv = px.logged("recv GET");
+    (recv.last().cloned().unwrap_or_default(), got)
+}
+
+/// An absolute-form request target names the host: a proxy forwarding it sends
+/// that host as `Host`, whatever `Host` field came with it (RFC 9112 §3.2.2),
+/// and the app gets the path in origin form.
+#[test]
+fn an_absolute_form_target_gives_the_app_its_host_and_an_origin_form_path() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let hosts = |got: &[(String, String)]| -> Vec<String> {
+        got.iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    // Host and the target disagree: the target wins.
+    let (recv, got) = echoed_headers(
+        &px,
+        "GET http://a.example/echo-headers?q=1 HTTP/1.1\r\nHost: b.example\r\n\r\n",
+    );
+    assert!(recv.contains(" /echo-headers?q=1 "), "{recv}");
+    assert_eq!(hosts(&got), ["a.example"], "{got:?}");
+    // HTTP/1.0 without Host: the target's host, not the app's address.
+    let (_, got) = echoed_headers(
+        &px,
+        "GET http://a.example:8080/echo-headers HTTP/1.0\r\n\r\n",
+    );
+    assert_eq!(hosts(&got), ["a.example:8080"], "{got:?}");
+    let (code, _) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+}
+
+/// Clients that go away in the middle of their download, again and again:
+/// each upstream connection whose response was cut is closed, none is kept
+/// (drainit's descriptors do not grow), and the next request is answered.
+#[test]
+fn aborted_downloads_leave_no_upstream_connection_behind() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let fds = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    // One request first, so the pool and its sweep exist.
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let before = fds(px.r.pid);
+    let gate = px.r.path("gate");
+    for i in 0..40 {
+        let mut c = px.conn();
+        let path = if i % 2 == 0 {
+            "/big?mb=64".to_string()
+        } else {
+            // The app stalls before its last chunk: nothing more comes.
+            format!("/chunked?n=3&gate={}", gate.display())
+        };
+        c.request("GET", &path, &[], None).unwrap();
+        let (status, _) = c.head().unwrap();
+        assert_eq!(status, 200);
+        drop(c);
+    }
+    let settled = wait_until(secs(5), || fds(px.r.pid) <= before + 2);
+    std::fs::write(&gate, "").unwrap();
+    assert!(
+        settled,
+        "descriptors {before} -> {} after 40 aborted downloads{}",
+        fds(px.r.pid),
+        px.ctx()
+    );
+    assert_eq!(get(px.port, "/ok").status, 200, "{}", px.ctx());
+    let (code, _) = px.stop(secs(20));
+    assert!(code == 0 || code == 2, "{}", px.ctx());
+}

@@ -232,3 +232,95 @@ fn an_event_stream_is_ended_between_events_with_a_proper_end() {
     assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
     assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
 }
+
+/// RLIMIT_NOFILE 256: the proxy's share is 56 client connections of two
+/// descriptors each. A WebSocket keeps both (the client's and the app's) for
+/// as long as it is open: 120 of them must not take the descriptors the probe
+/// server and the drain need; those past the cap wait in the listen backlog.
+#[test]
+fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_their_fds() {
+    let [port, app, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let ready = format!("127.0.0.1:{app}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let app_port = app.to_string();
+    let app_py = fixture("proxyapp.py");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--ready-tcp",
+        &ready,
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "5s",
+        "--stream-spread",
+        "0s",
+        "--",
+        python(),
+        &app_py,
+        "--port",
+        &app_port,
+        "--mode",
+        "graceful",
+    ];
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--nofile", "256"],
+        args: &args,
+        env: &[],
+    });
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "never ready\n{}",
+        r.stderr_text()
+    );
+    // All handshakes sent first; past the cap they wait unanswered.
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut socks: Vec<TcpStream> = (0..120)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(100)).ok()?;
+            s.write_all(
+                b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            )
+            .ok()?;
+            Some(s)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    // What each client got: a 101, or nothing yet (waiting in the backlog).
+    let mut open = 0;
+    let mut other = Vec::new();
+    for s in &mut socks {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut b = [0u8; 12];
+        match s.read_exact(&mut b) {
+            Ok(()) if b.starts_with(b"HTTP/1.1 101") => open += 1,
+            Ok(()) => other.push(String::from_utf8_lossy(&b).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => other.push(e.to_string()),
+        }
+    }
+    let (status, _, _) = http(probe, "/healthz", "GET");
+    let err = r.stderr_text();
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", r.pid))
+        .unwrap()
+        .count();
+    // (256 - 32) / 4: the proxy's cap on client connections (README).
+    assert!(
+        open <= 56 && other.is_empty(),
+        "{open} WebSockets open past the cap of 56, drainit holds {fds} of 256 fds; \
+         others got {other:?}\n{err}"
+    );
+    assert!(
+        status == 200 && !err.contains("Too many open files"),
+        "/healthz {status} beside {open} open WebSockets\n{err}"
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(15));
+    drop(socks);
+    assert!(code == 0 || code == 2, "{}", r.stderr_text());
+}
