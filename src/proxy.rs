@@ -261,6 +261,10 @@ impl Proxy {
             s.ledger.mark_t0();
         }
         if gate >= Gate::Closed && prev < Gate::Closed {
+            // No request will need a pooled connection to the app any more.
+            if let Some(pool) = POOL.get() {
+                pool.close_idle();
+            }
             let n = s.streams.open();
             if n > 0 {
                 log::info!(
@@ -891,6 +895,24 @@ async fn handle(
         // applies (DESIGN §2), as for `/readyz`.
         crate::published::note_readyz_asked();
         return health(shared, version).await;
+    }
+    // RFC 9112 §3.2: an HTTP/1.1 request without `Host`, and any request with
+    // more than one, is answered 400 and never sent on (counted `malformed`,
+    // as hyper's own 400s are).
+    if !h2 {
+        let hosts = req.headers().get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && version == hyper::Version::HTTP_11) {
+            shared.ledger.malformed();
+            let text = if hosts == 0 {
+                "400 bad request: HTTP/1.1 requires a Host field\n"
+            } else {
+                "400 bad request: more than one Host field\n"
+            };
+            let mut r = local(StatusCode::BAD_REQUEST, text, gate, version);
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
     }
     shared.ledger.received();
     if gate != Gate::Ready && gate != Gate::Closing {

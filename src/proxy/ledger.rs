@@ -117,8 +117,8 @@ pub struct Totals {
     pub in_flight: u64,
     /// Admitted requests in flight at T0.
     pub in_flight_at_start: u64,
-    /// Requests hyper refused before drainit saw them (400 malformed, 431 head
-    /// too large): not in `received`. A head that never came (timeout) is not
+    /// Requests refused as malformed (hyper's 400 and 431, and drainit's 400
+    /// for a missing or repeated `Host`, RFC 9112 §3.2): not in `received`. A head that never came (timeout) is not
     /// counted: an idle pre-opened connection looks the same.
     pub malformed: u64,
     /// The first [`LOST_LISTED`] `unknown` and `abandoned` requests.

@@ -26,7 +26,10 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -74,11 +77,12 @@ pub struct Pool {
     /// Requests sent once more because the reused connection they were given
     /// was found closed before they went out.
     resent: AtomicU64,
+    /// Set by [`Pool::close_idle`]: connections are no longer kept.
+    closed: AtomicBool,
 }
 
 struct Idle {
     conn: Conn,
-    since: Instant,
 }
 
 /// One connection to the app: hyper's handle on it, and the bytes read from
@@ -87,6 +91,11 @@ pub struct Conn {
     /// Sends requests on it.
     pub send: SendRequest<ProxyBody>,
     read: Arc<AtomicU64>,
+    /// When its last response head came: the app's keep-alive timer started
+    /// at the earliest then (it starts when the app has written the whole
+    /// response, which a slow client may take seconds more to read from
+    /// drainit), so the connection's idle age counts from here.
+    answered_at: Instant,
 }
 
 /// A connection lent to one request. Dropped with the response body (after
@@ -137,6 +146,7 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             filled: Notify::new(),
             resent: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -161,7 +171,7 @@ impl Pool {
         &'static self,
         mut req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
-        let mut maybe_delivered = false;
+        let (mut maybe_delivered, mut resending) = (false, false);
         if let Some(mut conn) = self.checkout() {
             // A copy to send again, if it comes to that (a head only: no body).
             let again = (is_idempotent(req.method()) && req.body().is_end_stream())
@@ -188,12 +198,15 @@ impl Pool {
                 },
             }
             log::debug!("proxy: pooled upstream connection closed, sending again");
-            self.resent.fetch_add(1, Relaxed);
+            resending = true;
         }
         let mut conn = self.connect().await.map_err(|e| SendError {
             reached_app: e.reached_app || maybe_delivered,
             message: e.message,
         })?;
+        if resending {
+            self.resent.fetch_add(1, Relaxed);
+        }
         match conn.send.send_request(req).await {
             Ok(resp) => Ok((resp, self.lease(conn))),
             Err(e) => Err(SendError {
@@ -233,7 +246,11 @@ impl Pool {
                 log::debug!("proxy: upstream connection ended: {e}");
             }
         });
-        Ok(Conn { send, read })
+        Ok(Conn {
+            send,
+            read,
+            answered_at: Instant::now(),
+        })
     }
 
     /// Closes idle connections older than the idle timeout, every half of it
@@ -247,7 +264,7 @@ impl Pool {
             tokio::time::sleep(self.idle_for / 2).await;
             let idle_for = self.idle_for;
             self.lock()
-                .retain(|i| i.since.elapsed() < idle_for && !i.conn.send.is_closed());
+                .retain(|i| i.conn.answered_at.elapsed() < idle_for && !i.conn.send.is_closed());
         }
     }
 
@@ -267,25 +284,38 @@ impl Pool {
     fn checkout(&self) -> Option<Conn> {
         let mut idle = self.lock();
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < self.idle_for && i.conn.send.is_ready() {
+            if i.conn.answered_at.elapsed() < self.idle_for && i.conn.send.is_ready() {
                 return Some(i.conn);
             }
         }
         None
     }
 
+    /// Closes the idle connections, and every connection from now on once
+    /// its response is done (admission closed at beat 3: no request will need
+    /// one, and an app that waits for its connections to close before it exits,
+    /// such as Node.js's `server.close()`, is not held up by drainit's).
+    pub fn close_idle(&self) {
+        self.closed.store(true, SeqCst);
+        let idle = std::mem::take(&mut *self.lock());
+        drop(idle);
+    }
+
+    /// Keeps `conn` for the next request, unless the pool is closed or the
+    /// connection is already older than the idle timeout.
     fn put(&self, conn: Conn) {
+        if self.closed.load(SeqCst) || conn.answered_at.elapsed() >= self.idle_for {
+            return;
+        }
         let mut idle = self.lock();
-        idle.push(Idle {
-            conn,
-            since: Instant::now(),
-        });
+        idle.push(Idle { conn });
         if idle.len() == 1 {
             self.filled.notify_one();
         }
     }
 
-    fn lease(&'static self, conn: Conn) -> Lease {
+    fn lease(&'static self, mut conn: Conn) -> Lease {
+        conn.answered_at = Instant::now();
         Lease {
             conn: Some(conn),
             pool: self,
@@ -528,7 +558,9 @@ mod tests {
         let Err(e) = pool.send(get("/")).await else {
             panic!("answered with nothing listening");
         };
-        assert_eq!(pool.resent(), 1, "{e:?}");
+        // A second attempt was made (refused), and nothing was sent twice.
+        assert!(e.message.contains("refused"), "{e:?}");
+        assert_eq!(pool.resent(), 0, "{e:?}");
         assert!(e.reached_app, "{e:?}");
     }
 
@@ -556,6 +588,36 @@ mod tests {
         };
         assert!(e.reached_app, "{e:?}");
         assert_eq!(pool.resent(), 0);
+    }
+
+    /// At beat 3 the idle connections are closed, and one whose response
+    /// ends after that is closed too, not kept.
+    #[tokio::test]
+    async fn closed_at_beat_3_the_pool_keeps_no_connection() {
+        let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::task::yield_now().await;
+        let (in_flight, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(pool.idle_count(), 0, "the idle one was taken");
+        let (resp, idle) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(idle);
+        tokio::task::yield_now().await;
+        assert_eq!(pool.idle_count(), 1);
+        pool.close_idle();
+        assert_eq!(pool.idle_count(), 0);
+        assert_eq!(body(in_flight).await, b"ok");
+        drop(lease);
+        tokio::task::yield_now().await;
+        assert_eq!(
+            pool.idle_count(),
+            0,
+            "a connection done after beat 3 is not kept"
+        );
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     /// Idle connections older than the idle timeout are closed, not reused.
