@@ -9,17 +9,17 @@
 //! about a quarter of its cost. Measured with callgrind over 4,000 proxied
 //! requests: sending a request and getting its response head took 27.7 k
 //! instructions through hyper-util's client and 7.3 k through this pool, and a
-//! whole proxied request 127 k before and 98 k after (README, "Proxy
+//! whole proxied request 127 k before and about 100 k after (README, "Proxy
 //! latency").
 //!
 //! The rules, as DESIGN §11 gives them:
 //! - an idle connection is kept at most [`super::UPSTREAM_IDLE`], shorter than
 //!   the keep-alive timeouts apps commonly use, so drainit gives it up before
 //!   the app closes it;
-//! - a reused connection found closed before the request went out (the app
-//!   closed it as drainit picked it) is given up, and the request goes once
-//!   more on a new connection; a request that may have reached the app is
-//!   never sent twice;
+//! - a reused connection found closed (the app closed it as drainit picked
+//!   it) is given up, and the request goes once more on a new connection when
+//!   that is safe ([`Pool::send`] says when); a request the app may have acted
+//!   on is sent twice only if it is idempotent (RFC 9110 §9.2.2);
 //! - a connection is reused only after its response was read whole (hyper
 //!   says when it can take the next request); one whose response was cut is
 //!   closed.
@@ -71,18 +71,14 @@ impl SendError {
 pub struct Pool {
     addr: SocketAddr,
     idle_for: Duration,
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Vec<Conn>>,
     /// Wakes [`Pool::sweep`] when the pool stops being empty.
     filled: Notify,
-    /// Requests sent once more because the reused connection they were given
-    /// was found closed before they went out.
+    /// Requests sent once more, on a new connection, because the reused one
+    /// they were given was found closed ([`Pool::send`]).
     resent: AtomicU64,
     /// Set by [`Pool::close_idle`]: connections are no longer kept.
     closed: AtomicBool,
-}
-
-struct Idle {
-    conn: Conn,
 }
 
 /// One connection to the app: hyper's handle on it, and the bytes read from
@@ -264,7 +260,7 @@ impl Pool {
             tokio::time::sleep(self.idle_for / 2).await;
             let idle_for = self.idle_for;
             self.lock()
-                .retain(|i| i.conn.answered_at.elapsed() < idle_for && !i.conn.send.is_closed());
+                .retain(|c| c.answered_at.elapsed() < idle_for && !c.send.is_closed());
         }
     }
 
@@ -283,9 +279,9 @@ impl Pool {
     /// the stale and closed ones met on the way are closed.
     fn checkout(&self) -> Option<Conn> {
         let mut idle = self.lock();
-        while let Some(i) = idle.pop() {
-            if i.conn.answered_at.elapsed() < self.idle_for && i.conn.send.is_ready() {
-                return Some(i.conn);
+        while let Some(c) = idle.pop() {
+            if c.answered_at.elapsed() < self.idle_for && c.send.is_ready() {
+                return Some(c);
             }
         }
         None
@@ -308,7 +304,7 @@ impl Pool {
             return;
         }
         let mut idle = self.lock();
-        idle.push(Idle { conn });
+        idle.push(conn);
         if idle.len() == 1 {
             self.filled.notify_one();
         }
@@ -322,7 +318,7 @@ impl Pool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
