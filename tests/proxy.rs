@@ -2231,21 +2231,10 @@ fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_dr
     let ports = ProxyPorts::new();
     let (port, probe) = (ports.port, ports.probe);
     let fixture = fixture("proxyapp.py");
-    let argv = ports.argv(
+    let mut r = ports.start_under_nofile(
+        "256",
         &["--pre-drain-delay", "0s", "--drain-timeout", "5s"],
         &[python(), &fixture, "--port", "{app}", "--mode", "graceful"],
-    );
-    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut r = Running::start_with(Start {
-        mode: Mode::Subreaper,
-        launch: &["--nofile", "256"],
-        args: &args,
-        env: &[],
-    });
-    assert!(
-        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
-        "never ready\n{}",
-        r.stderr_text()
     );
     // Past the cap and the listen backlog a connect waits: 100 ms each at most.
     let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));

@@ -239,43 +239,20 @@ fn an_event_stream_is_ended_between_events_with_a_proper_end() {
 /// server and the drain need; those past the cap wait in the listen backlog.
 #[test]
 fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_their_fds() {
-    let [port, app, probe] = free_ports();
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
-    let ready = format!("127.0.0.1:{app}");
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let app_port = app.to_string();
+    let ports = ProxyPorts::new();
+    let (port, probe) = (ports.port, ports.probe);
     let app_py = fixture("proxyapp.py");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--ready-tcp",
-        &ready,
-        "--pre-drain-delay",
-        "0s",
-        "--drain-timeout",
-        "5s",
-        "--stream-spread",
-        "0s",
-        "--",
-        python(),
-        &app_py,
-        "--port",
-        &app_port,
-        "--mode",
-        "graceful",
-    ];
-    let mut r = Running::start_with(Start {
-        mode: Mode::Subreaper,
-        launch: &["--nofile", "256"],
-        args: &args,
-        env: &[],
-    });
-    assert!(
-        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
-        "never ready\n{}",
-        r.stderr_text()
+    let mut r = ports.start_under_nofile(
+        "256",
+        &[
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "5s",
+            "--stream-spread",
+            "0s",
+        ],
+        &[python(), &app_py, "--port", "{app}", "--mode", "graceful"],
     );
     // All handshakes sent first; past the cap they wait unanswered.
     let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));

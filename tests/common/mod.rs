@@ -677,4 +677,24 @@ impl ProxyPorts {
         );
         v
     }
+
+    /// drainit as a subreaper with [`ProxyPorts::argv`] under `RLIMIT_NOFILE`
+    /// `nofile` (the launcher's `--nofile`), returned once `/readyz` says 200
+    /// (10 s at most, else a panic with drainit's stderr).
+    pub fn start_under_nofile(&self, nofile: &str, flags: &[&str], app: &[&str]) -> Running {
+        let argv = self.argv(flags, app);
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let r = Running::start_with(Start {
+            mode: Mode::Subreaper,
+            launch: &["--nofile", nofile],
+            args: &args,
+            env: &[],
+        });
+        assert!(
+            wait_until(secs(10), || http(self.probe, "/readyz", "GET").0 == 200),
+            "never ready\n{}",
+            r.stderr_text()
+        );
+        r
+    }
 }
