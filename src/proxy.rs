@@ -88,6 +88,11 @@ impl Gate {
 pub const UPSTREAM_IDLE: Duration = Duration::from_millis(1500);
 /// A client has this long to send a request head (slowloris).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client has this long between two pieces of a request body (a slowloris
+/// on the body): past it the request is cut, the app's connection closed, the
+/// client answered 408 (RFC 9110 §15.5.9) and the request counted `canceled`.
+/// Apache's `mod_reqtimeout` uses the same 20 s for bodies by default.
+pub const BODY_IDLE: Duration = Duration::from_secs(20);
 /// A rejected request's body is read up to this much (so the 503 is not lost to a
 /// TCP reset), then the connection is closed.
 pub const REJECT_BODY_MAX: usize = 64 * 1024;
@@ -716,9 +721,13 @@ pub struct ProxyBody {
     shared: Option<&'static Shared>,
     /// A server-sent event stream (`text/event-stream`).
     sse: Option<Sse>,
-    /// As a request body: set when reading the client's body failed (the
-    /// client went away mid-request: `canceled`, not `unknown`).
-    client_gone: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// As a request body: what became of the client's body when reading it
+    /// failed ([`BodyFate`]): `canceled`, not `unknown`.
+    client_gone: Option<std::sync::Arc<AtomicU8>>,
+    /// As a request body: fires when the client has sent nothing for
+    /// [`BODY_IDLE`] while drainit waited for it (armed when a read finds
+    /// nothing; time the app spends not reading does not count).
+    stall: Option<Stall>,
     /// The upstream connection the response comes on: back to the pool when
     /// the body goes (after `inner`, so an unread body closes it first).
     lease: Option<upstream::Lease>,
@@ -751,6 +760,7 @@ impl ProxyBody {
             shared: None,
             sse: None,
             client_gone: None,
+            stall: None,
             lease: None,
         }
     }
@@ -803,6 +813,30 @@ impl Body for ProxyBody {
             Inner::Local(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
             Inner::Upstream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         };
+        if let Some(stall) = &mut this.stall {
+            match &polled {
+                Poll::Pending if !stall.waiting => {
+                    stall
+                        .sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + BODY_IDLE);
+                    stall.waiting = true;
+                }
+                Poll::Pending => {}
+                _ => stall.waiting = false,
+            }
+            if stall.waiting && stall.sleep.as_mut().poll(cx).is_ready() {
+                if let Some(fate) = &this.client_gone {
+                    fate.store(BodyFate::Stalled as u8, Relaxed);
+                }
+                this.stall = None;
+                return Poll::Ready(Some(Err(format!(
+                    "the client sent nothing of its body for {} s",
+                    BODY_IDLE.as_secs()
+                )
+                .into())));
+            }
+        }
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
             && let Some(data) = frame.data_ref()
         {
@@ -829,8 +863,8 @@ impl Body for ProxyBody {
                 seam[seam.len().saturating_sub(3)..].to_vec()
             };
         }
-        if let (Some(flag), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
-            flag.store(true, Relaxed);
+        if let (Some(fate), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
+            fate.store(BodyFate::Gone as u8, Relaxed);
         }
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
@@ -997,9 +1031,15 @@ async fn handle(
             parts.headers.insert(header::HOST, host);
         }
     }
-    let client_gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client_gone = std::sync::Arc::new(AtomicU8::new(BodyFate::Read as u8));
     let mut up_body = ProxyBody::plain(Inner::Upstream(body));
     up_body.client_gone = Some(client_gone.clone());
+    if !up_body.is_end_stream() {
+        up_body.stall = Some(Stall {
+            sleep: Box::pin(tokio::time::sleep(BODY_IDLE)),
+            waiting: false,
+        });
+    }
     let up_req = Request::from_parts(parts, up_body);
     let sent = if asterisk {
         // `OPTIONS *` (asterisk form, RFC 9112 §3.2.4) goes on a connection of
@@ -1028,12 +1068,26 @@ async fn handle(
             log::debug!("proxy: upstream {} refused: {}", shared.upstream, e.message);
             return unavailable("upstream refused", shared.gate(), version);
         }
-        Err(e) if client_gone.load(Relaxed) => {
-            // The client went away while its body was being sent on.
-            log::debug!("proxy: the client went away mid-request: {}", e.message);
+        Err(e) if client_gone.load(Relaxed) != BodyFate::Read as u8 => {
+            // The client went away while its body was being sent on, or
+            // stalled it past BODY_IDLE.
+            log::debug!("proxy: the client's body failed mid-request: {}", e.message);
             admitted.settle(Outcome::Canceled);
             drop(admitted);
             shared.settled();
+            if client_gone.load(Relaxed) == BodyFate::Stalled as u8 {
+                let mut r = local(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "408 request timeout: the request body stalled\n",
+                    shared.gate(),
+                    version,
+                );
+                if !h2 {
+                    r.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return r;
+            }
             return local(StatusCode::BAD_REQUEST, "", shared.gate(), version);
         }
         Err(e) => {
@@ -1119,6 +1173,24 @@ async fn handle(
     body.sse = sse;
     body.lease = lease;
     Response::from_parts(parts, body)
+}
+
+/// The body-stall timer of a request body ([`BODY_IDLE`]).
+struct Stall {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// A read found nothing and the client has not sent since: `sleep` runs.
+    waiting: bool,
+}
+
+/// What became of a request body that failed on its way to the app.
+#[repr(u8)]
+enum BodyFate {
+    /// Read whole, or still being read.
+    Read = 0,
+    /// The client went away mid-body.
+    Gone = 1,
+    /// The client sent nothing for [`BODY_IDLE`].
+    Stalled = 2,
 }
 
 /// Tells the supervisor a request may have settled ([`Shared::settled`]) when

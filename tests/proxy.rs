@@ -1824,6 +1824,42 @@ fn malformed_requests_get_400_oversized_heads_431_and_are_counted() {
     assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
 }
 
+/// A client that stops sending its request body halfway (a slowloris on the
+/// body) is cut after BODY_IDLE (20 s) of silence: it gets 408 with
+/// `Connection: close`, the request is `canceled`, and nobody else waited.
+#[test]
+fn a_client_that_stalls_its_request_body_gets_408_after_the_body_timeout() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    c.s.set_read_timeout(Some(secs(40))).unwrap();
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n0123456789")
+        .unwrap();
+    let t = Instant::now();
+    // Meanwhile everyone else is served.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(get(px.port, "/ok").status, 200);
+    let resp = c
+        .response(false)
+        .unwrap_or_else(|e| panic!("no answer to the stalled upload: {e}{}", px.ctx()));
+    let waited = t.elapsed();
+    assert_eq!(resp.status, 408, "{resp:?}");
+    assert_eq!(resp.header("connection"), Some("close"), "{resp:?}");
+    assert!(
+        waited >= Duration::from_secs(19) && waited < Duration::from_secs(35),
+        "answered after {waited:?}"
+    );
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    // received, rejected, admitted, completed, unknown, abandoned, canceled,
+    // in_flight, malformed
+    assert_eq!(counts(&rep), [2, 0, 2, 1, 0, 0, 1, 0, 0], "{rep}");
+}
+
 #[test]
 fn slowloris_clients_do_not_delay_a_normal_request() {
     let mut px = start_px(
