@@ -88,10 +88,11 @@ impl Gate {
 pub const UPSTREAM_IDLE: Duration = Duration::from_millis(1500);
 /// A client has this long to send a request head (slowloris).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-/// A client has this long between two pieces of a request body (a slowloris
-/// on the body): past it the request is cut, the app's connection closed, the
-/// client answered 408 (RFC 9110 §15.5.9) and the request counted `canceled`.
-/// Apache's `mod_reqtimeout` uses the same 20 s for bodies by default.
+/// An HTTP/1 client has this long between two pieces of a request body (a
+/// slowloris on the body): past it the request is cut, the app's connection
+/// closed, the client answered 408 (RFC 9110 §15.5.9) and the request counted
+/// `canceled`. Apache's `mod_reqtimeout` uses the same 20 s for bodies by
+/// default. Not for HTTP/2, whose request bodies may be gRPC streams.
 pub const BODY_IDLE: Duration = Duration::from_secs(20);
 /// A rejected request's body is read up to this much (so the 503 is not lost to a
 /// TCP reset), then the connection is closed.
@@ -1034,7 +1035,9 @@ async fn handle(
     let client_gone = std::sync::Arc::new(AtomicU8::new(BodyFate::Read as u8));
     let mut up_body = ProxyBody::plain(Inner::Upstream(body));
     up_body.client_gone = Some(client_gone.clone());
-    if !up_body.is_end_stream() {
+    // HTTP/1 only: an HTTP/2 request body may be a gRPC stream whose client
+    // is silent for minutes by design.
+    if !h2 && !up_body.is_end_stream() {
         up_body.stall = Some(Stall {
             sleep: Box::pin(tokio::time::sleep(BODY_IDLE)),
             waiting: false,
