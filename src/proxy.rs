@@ -146,6 +146,8 @@ struct Shared {
     /// Client connections whose first request has not been answered yet
     /// ([`Unanswered`]).
     unanswered: AtomicUsize,
+    /// The ways to the app (its HTTP/1 pool, its HTTP/2 client).
+    clients: Clients,
 }
 
 impl Shared {
@@ -220,6 +222,7 @@ impl Proxy {
                 streams: StreamSet::default(),
                 spread,
                 unanswered: AtomicUsize::new(0),
+                clients: Clients::new(spec.upstream),
             }));
         shared.ledger.set_epoch(Instant::now());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -268,9 +271,7 @@ impl Proxy {
         }
         if gate >= Gate::Closed && prev < Gate::Closed {
             // No request will need a pooled connection to the app any more.
-            if let Some(pool) = POOL.get() {
-                pool.close_idle();
-            }
+            s.clients.h1.close_idle();
             let n = s.streams.open();
             if n > 0 {
                 log::info!(
@@ -353,25 +354,22 @@ impl Proxy {
 
 /// The ledger of the running proxy, for `/metrics` (`None` without `--proxy`).
 pub fn running_ledger() -> Option<&'static Ledger> {
-    RUNNING.get().copied()
+    RUNNING.get().map(|s| &s.ledger)
 }
 
-static RUNNING: OnceLock<&'static Ledger> = OnceLock::new();
+/// The running proxy's shared state, for `/metrics` (set once it serves).
+static RUNNING: OnceLock<&'static Shared> = OnceLock::new();
 
 /// Requests the running proxy sent to the app a second time because the
 /// reused connection they were given was found closed ([`upstream::Pool::send`]);
 /// `None` without `--proxy`. For `/metrics`.
 pub fn upstream_resent() -> Option<u64> {
-    POOL.get().map(|p| p.resent())
+    RUNNING.get().map(|s| s.clients.h1.resent())
 }
 
-static POOL: OnceLock<&'static upstream::Pool> = OnceLock::new();
-
 async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
-    let _ = RUNNING.set(&shared.ledger);
-    // One per process (the proxy starts once), as `shared` is.
-    let clients: &'static Clients = Box::leak(Box::new(Clients::new(shared.upstream)));
-    let _ = POOL.set(&clients.h1);
+    let _ = RUNNING.set(shared);
+    let clients = &shared.clients;
     tokio::spawn(clients.h1.sweep());
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(connection_cap()));
     loop {
@@ -722,9 +720,9 @@ pub struct ProxyBody {
     shared: Option<&'static Shared>,
     /// A server-sent event stream (`text/event-stream`).
     sse: Option<Sse>,
-    /// As a request body: what became of the client's body when reading it
-    /// failed ([`BodyFate`]): `canceled`, not `unknown`.
-    client_gone: Option<std::sync::Arc<AtomicU8>>,
+    /// As a request body with something in it: what became of the client's
+    /// body when reading it failed ([`BodyFate`]): `canceled`, not `unknown`.
+    body_fate: Option<std::sync::Arc<AtomicU8>>,
     /// As a request body: fires when the client has sent nothing for
     /// [`BODY_IDLE`] while drainit waited for it (armed when a read finds
     /// nothing; time the app spends not reading does not count).
@@ -760,7 +758,7 @@ impl ProxyBody {
             admitted: None,
             shared: None,
             sse: None,
-            client_gone: None,
+            body_fate: None,
             stall: None,
             lease: None,
         }
@@ -827,7 +825,7 @@ impl Body for ProxyBody {
                 _ => stall.waiting = false,
             }
             if stall.waiting && stall.sleep.as_mut().poll(cx).is_ready() {
-                if let Some(fate) = &this.client_gone {
+                if let Some(fate) = &this.body_fate {
                     fate.store(BodyFate::Stalled as u8, Relaxed);
                 }
                 this.stall = None;
@@ -864,7 +862,7 @@ impl Body for ProxyBody {
                 seam[seam.len().saturating_sub(3)..].to_vec()
             };
         }
-        if let (Some(fate), Poll::Ready(Some(Err(_)))) = (&this.client_gone, &polled) {
+        if let (Some(fate), Poll::Ready(Some(Err(_)))) = (&this.body_fate, &polled) {
             fate.store(BodyFate::Gone as u8, Relaxed);
         }
         match &polled {
@@ -1032,12 +1030,15 @@ async fn handle(
             parts.headers.insert(header::HOST, host);
         }
     }
-    let client_gone = std::sync::Arc::new(AtomicU8::new(BodyFate::Read as u8));
     let mut up_body = ProxyBody::plain(Inner::Upstream(body));
-    up_body.client_gone = Some(client_gone.clone());
+    // Only a body with something in it can fail or stall (most requests have
+    // none: no allocation, no timer for them).
+    let body_fate = (!up_body.is_end_stream())
+        .then(|| std::sync::Arc::new(AtomicU8::new(BodyFate::Read as u8)));
+    up_body.body_fate = body_fate.clone();
     // HTTP/1 only: an HTTP/2 request body may be a gRPC stream whose client
     // is silent for minutes by design.
-    if !h2 && !up_body.is_end_stream() {
+    if !h2 && body_fate.is_some() {
         up_body.stall = Some(Stall {
             sleep: Box::pin(tokio::time::sleep(BODY_IDLE)),
             waiting: false,
@@ -1071,14 +1072,18 @@ async fn handle(
             log::debug!("proxy: upstream {} refused: {}", shared.upstream, e.message);
             return unavailable("upstream refused", shared.gate(), version);
         }
-        Err(e) if client_gone.load(Relaxed) != BodyFate::Read as u8 => {
+        Err(e)
+            if body_fate
+                .as_ref()
+                .is_some_and(|f| f.load(Relaxed) != BodyFate::Read as u8) =>
+        {
             // The client went away while its body was being sent on, or
             // stalled it past BODY_IDLE.
             log::debug!("proxy: the client's body failed mid-request: {}", e.message);
             admitted.settle(Outcome::Canceled);
             drop(admitted);
             shared.settled();
-            if client_gone.load(Relaxed) == BodyFate::Stalled as u8 {
+            if body_fate.is_some_and(|f| f.load(Relaxed) == BodyFate::Stalled as u8) {
                 let mut r = local(
                     StatusCode::REQUEST_TIMEOUT,
                     "408 request timeout: the request body stalled\n",

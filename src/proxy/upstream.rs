@@ -483,11 +483,18 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
-    /// A pool whose one idle connection the app (from [`app`] with a linger)
-    /// has closed, and whose connection task has not seen it yet: one request
-    /// answered, the connection back in the pool, then the runtime blocked
-    /// while the app's FIN arrives (no task runs to see it). The next request
-    /// picks that connection and is written after the FIN.
+    /// How long the race tests' app keeps a connection open after its answer
+    /// ([`app`]'s linger): [`closed_as_picked`] must find the connection idle
+    /// and open before it runs out, so it is long beside the few ms that takes
+    /// (a machine stalled for a second would still fail these tests).
+    const RACE_LINGER: Duration = Duration::from_secs(1);
+
+    /// A pool whose one idle connection the app (from [`app`] with
+    /// [`RACE_LINGER`]) is about to close, and whose connection task will not
+    /// see it before the next request is written: one request answered, the
+    /// connection back in the pool, then the runtime blocked past the linger
+    /// (no task runs, the app's included). The next request picks that
+    /// connection; the app closes it without reading the request.
     async fn closed_as_picked(addr: SocketAddr) -> &'static Pool {
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
@@ -495,7 +502,7 @@ mod tests {
         drop(lease);
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(pool.idle_count(), 1, "the connection is idle, open");
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(RACE_LINGER + Duration::from_millis(300));
         pool
     }
 
@@ -505,7 +512,7 @@ mod tests {
     /// sent once more, on a new connection, and answered.
     #[tokio::test]
     async fn a_request_given_a_connection_the_app_just_closed_is_sent_once_more() {
-        let (addr, conns) = app(1, Duration::from_millis(200)).await;
+        let (addr, conns) = app(1, RACE_LINGER).await;
         let pool = closed_as_picked(addr).await;
         let (resp, _lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
@@ -522,7 +529,7 @@ mod tests {
     /// and the ledger says `unknown`).
     #[tokio::test]
     async fn a_post_given_a_connection_the_app_just_closed_is_not_sent_again() {
-        let (addr, _) = app(1, Duration::from_millis(200)).await;
+        let (addr, _) = app(1, RACE_LINGER).await;
         let pool = closed_as_picked(addr).await;
         let post = Request::post("/")
             .header("host", "app")
@@ -548,7 +555,7 @@ mod tests {
             drop(l); // nothing listens any more
             assert!(read_head(&mut tcp).await);
             tcp.write_all(OK).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(RACE_LINGER).await;
         });
         let pool = closed_as_picked(addr).await;
         let Err(e) = pool.send(get("/")).await else {
