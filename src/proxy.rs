@@ -1379,11 +1379,19 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // One pass over the names finds the hop-by-hop fields present (most
     // messages carry none, or only `Connection`); only those are looked up.
-    let present: Vec<HeaderName> = h.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    if present.is_empty() && !upgrading {
+    // Names are unique among the keys, so at most HOP_BY_HOP of them: no
+    // allocation on this per-message path.
+    let mut present: [Option<HeaderName>; HOP_BY_HOP] = Default::default();
+    for (slot, name) in present
+        .iter_mut()
+        .zip(h.keys().filter(|n| is_hop_by_hop(n)))
+    {
+        *slot = Some(name.clone());
+    }
+    if present[0].is_none() && !upgrading {
         return;
     }
-    if present.contains(&header::CONNECTION) {
+    if present.contains(&Some(header::CONNECTION)) {
         let named: Vec<HeaderName> = h
             .get_all(header::CONNECTION)
             .iter()
@@ -1401,7 +1409,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
             h.remove(n);
         }
     }
-    for n in present {
+    for n in present.into_iter().flatten() {
         if !(upgrading && n == header::UPGRADE) {
             h.remove(n);
         }
@@ -1411,7 +1419,11 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     }
 }
 
-/// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites).
+/// How many names [`is_hop_by_hop`] knows.
+const HOP_BY_HOP: usize = 7;
+
+/// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites):
+/// one of [`HOP_BY_HOP`] names.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     // Called for every field of every message: the length first, so most
     // names are told apart without comparing a byte.
@@ -1614,6 +1626,24 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["host"]);
+        // All HOP_BY_HOP names at once: every one goes.
+        let mut h = HeaderMap::new();
+        for n in [
+            "connection",
+            "te",
+            "transfer-encoding",
+            "trailer",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            h.insert(n, HeaderValue::from_static("x"));
+        }
+        assert_eq!(h.len(), HOP_BY_HOP);
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]
