@@ -127,6 +127,9 @@ pub struct Cli {
     /// With --proxy: requests for exactly PATH on the proxy port are answered by drainit from its readiness (200, or 503 from the drain signal), never sent to the app
     #[arg(long, env = "DRAINIT_PROXY_HEALTH", value_name = "PATH")]
     pub proxy_health: Option<String>,
+    /// With --proxy: threads that serve the proxy, 1-64, or auto: half the CPUs drainit may use (affinity and cgroup CPU quota), at least 1, at most 4 [default: auto]
+    #[arg(long, env = "DRAINIT_PROXY_THREADS", value_name = "N")]
+    pub proxy_threads: Option<String>,
     /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
     #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
     pub report_file: Option<String>,
@@ -233,6 +236,8 @@ pub struct Config {
     pub proxy_health: Option<String>,
     /// `--stream-spread` as given; see [`Config::stream_spread`].
     pub stream_spread: Option<Duration>,
+    /// `--proxy-threads` as given (`None`: `auto`); see [`Config::proxy_threads`].
+    pub proxy_threads: Option<usize>,
     /// `--user`: whom the child runs as; `None`: as drainit.
     pub user: Option<crate::user::Identity>,
     pub check_config: bool,
@@ -401,6 +406,48 @@ impl Config {
         self.stream_spread
             .unwrap_or(self.drain_timeout / 2)
             .min(self.drain_timeout)
+    }
+}
+
+/// The most threads `--proxy-threads auto` gives the proxy: it serves one app,
+/// and each thread costs memory; a larger number can be given.
+pub const PROXY_THREADS_AUTO_MAX: usize = 4;
+
+/// `--proxy-threads auto` for `cpus` CPUs this process may run on: half of
+/// them (the app the proxy serves needs the rest), at least 1, at most
+/// [`PROXY_THREADS_AUTO_MAX`]. On 2 CPUs, 1: on this project's 2-core machine a
+/// second thread cost CPU and throughput and did not lower the added latency
+/// (README, Performance).
+pub fn proxy_threads_auto(cpus: usize) -> usize {
+    (cpus / 2).clamp(1, PROXY_THREADS_AUTO_MAX)
+}
+
+/// The most threads `--proxy-threads` takes.
+pub const PROXY_THREADS_MAX: usize = 64;
+
+impl Config {
+    /// How many threads serve the admission proxy: `--proxy-threads`, or by
+    /// default (`auto`) [`proxy_threads_auto`] of the CPUs this process may run
+    /// on ([`std::thread::available_parallelism`]: the affinity mask and a
+    /// cgroup CPU quota; 1 when that cannot be read). HAProxy's `nbthread` and
+    /// nginx's `worker_processes` are the same knob.
+    pub fn proxy_threads(&self) -> usize {
+        self.proxy_threads.unwrap_or_else(|| {
+            proxy_threads_auto(std::thread::available_parallelism().map_or(1, usize::from))
+        })
+    }
+}
+
+fn parse_proxy_threads(s: &str) -> Result<Option<usize>, String> {
+    let t = s.trim();
+    if t == "auto" {
+        return Ok(None);
+    }
+    match t.parse::<usize>() {
+        Ok(n) if (1..=PROXY_THREADS_MAX).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "'{s}' is not a number of threads from 1 to {PROXY_THREADS_MAX}, or 'auto'"
+        )),
     }
 }
 
@@ -934,6 +981,11 @@ fn resolve(cli: Direct, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigE
             "--proxy-health answers on the proxy port: it needs --proxy".into(),
         ));
     }
+    if config.proxy_threads.is_some() && config.proxy.is_none() {
+        return Err(ConfigError::usage(
+            "--proxy-threads sets the proxy's threads: it needs --proxy".into(),
+        ));
+    }
     if config.strict_budget && !config.budget().fits() {
         return Err(ConfigError::config(format!(
             "the grace budget does not fit (--strict-budget): {}",
@@ -1275,6 +1327,7 @@ impl Config {
             proxy: None,
             proxy_health: None,
             stream_spread: None,
+            proxy_threads: None,
             user: None,
             check_config,
             probe_client: None,
@@ -1310,6 +1363,12 @@ mod tests {
         fn get(&self, key: &str) -> Option<String> {
             self.0.get(key).cloned()
         }
+    }
+
+    #[test]
+    fn proxy_threads_auto_is_half_the_cpus_from_1_to_4() {
+        let got: Vec<usize> = [1, 2, 3, 4, 6, 8, 64].map(proxy_threads_auto).to_vec();
+        assert_eq!(got, [1, 1, 1, 2, 3, 4, 4]);
     }
 
     fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {

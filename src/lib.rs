@@ -91,6 +91,8 @@
 //! the notify socket are tasks of a single-threaded tokio runtime. A second thread
 //! exists only if stderr falls behind ([`logging`]): log lines then go to a writer
 //! thread through a bounded queue, so a stderr nobody reads never blocks the loop.
+//! With `--proxy`, the admission proxy has threads of its own ([`proxy`]): its
+//! runtime's workers (`--proxy-threads`) and one that waits for its stop.
 //! Every thread blocks the caught signals (they inherit the block made before
 //! `main`).
 //!

@@ -208,9 +208,15 @@ fn run(args: Vec<OsString>) -> i32 {
                     cfg.proxy_health.clone(),
                     ready_ask,
                     cfg.stream_spread(),
+                    cfg.proxy_threads(),
                 ) {
                     Ok(p) => {
-                        log::info!("proxy: {} -> {}", spec.listen, spec.upstream);
+                        log::info!(
+                            "proxy: {} -> {} ({} thread(s))",
+                            spec.listen,
+                            spec.upstream,
+                            cfg.proxy_threads()
+                        );
                         (Some(p), Some(ready_asks))
                     }
                     Err(e) => {

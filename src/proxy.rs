@@ -4,11 +4,12 @@
 //! abandoned or canceled.
 //!
 //! Owns: the listen socket's connections, the upstream connection pool, the
-//! [`Gate`] each request passes, and the [`ledger`]. Runs on its own thread with
-//! its own single-threaded tokio runtime, so that no amount of traffic delays
-//! signal handling, reaping, the drain's timers or the probes (the supervisor's
-//! loop stays single-threaded and never waits on the proxy). A panic in one
-//! connection ends that connection's task only (tokio catches it).
+//! [`Gate`] each request passes, and the [`ledger`]. Runs on its own threads
+//! (`--proxy-threads`, one tokio multi-thread runtime), so that no amount of
+//! traffic delays signal handling, reaping, the drain's timers or the probes
+//! (the supervisor's loop stays single-threaded on its own thread and never
+//! waits on the proxy). A panic in one connection ends that connection's task
+//! only (tokio catches it).
 //!
 //! The supervisor drives it through [`Proxy`]: [`Proxy::set_gate`] at each beat,
 //! [`Proxy::idle`] to learn that no request is in flight, [`Proxy::stop`] at the
@@ -191,10 +192,14 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
 }
 
 impl Proxy {
-    /// Starts the proxy thread on `listener` (from [`bind`]).
+    /// Starts the proxy's threads on `listener` (from [`bind`]): one thread
+    /// with a current-thread runtime when `threads` (`--proxy-threads`) is 1,
+    /// else `threads` workers of a multi-thread runtime and one thread that
+    /// only waits for [`Proxy::stop`]. The workers are named `drainit-proxy`
+    /// (the one thread too).
     ///
     /// # Errors
-    /// Creating the thread or its runtime failed.
+    /// Creating the threads or the runtime failed.
     /// `spread`: over how long the open streams are closed at beat 3
     /// (`--stream-spread`). The health path (`health`) is answered as `/readyz`:
     /// `ready_ask` reaches [`crate::probe::answer_readiness`] on the supervisor's
@@ -205,6 +210,7 @@ impl Proxy {
         health: Option<String>,
         ready_ask: tokio::sync::mpsc::Sender<crate::probe::ReadinessAsk>,
         spread: Duration,
+        threads: usize,
     ) -> std::io::Result<Proxy> {
         let (gate_tx, _) = watch::channel(Gate::NotReady);
         let shared: &'static Shared =
@@ -225,20 +231,34 @@ impl Proxy {
                 clients: Clients::new(spec.upstream),
             }));
         shared.ledger.set_epoch(Instant::now());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()?;
+        // One thread: a current-thread runtime on the thread below (no
+        // cross-thread wake-ups). More: that many workers, and the thread below
+        // only waits.
+        let mut builder = if threads <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(threads).thread_name("drainit-proxy");
+            b
+        };
+        let runtime = builder.enable_io().enable_time().build()?;
         let handle = runtime.handle().clone();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let name = if threads <= 1 {
+            "drainit-proxy"
+        } else {
+            "drainit-pxstop"
+        };
         let thread = std::thread::Builder::new()
-            .name("drainit-proxy".into())
+            .name(name.into())
             .spawn(move || {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(l) => {
+                            // On a worker, when there are workers.
+                            let serving = tokio::spawn(serve(l, shared));
                             tokio::select! {
-                                () = serve(l, shared) => {}
+                                _ = serving => {}
                                 _ = stop_rx => {}
                             }
                         }

@@ -503,6 +503,76 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
     assert_eq!(num(&rep, "streams.opened"), 0);
 }
 
+/// `--proxy-threads N`: N threads named `drainit-proxy` serve the proxy (`ps -T`
+/// shows them), one as well as several; `--check-config` shows the number, and
+/// `auto`'s number for this machine.
+#[test]
+fn the_proxy_is_served_by_the_threads_it_is_given() {
+    for n in [1usize, 3] {
+        let threads = n.to_string();
+        let mut px = start_px(
+            Mode::Subreaper,
+            &[
+                "--ready-tcp",
+                "127.0.0.1:{app}",
+                "--pre-drain-delay",
+                "0s",
+                "--proxy-threads",
+                &threads,
+            ],
+            &["--mode", "graceful"],
+        );
+        px.wait_ready();
+        let workers = std::fs::read_dir(format!("/proc/{}/task", px.r.pid))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == "drainit-proxy")
+            .count();
+        assert_eq!(workers, n, "--proxy-threads {n}{}", px.ctx());
+        // Twelve connections at once, three requests each.
+        let clients: Vec<_> = (0..12)
+            .map(|_| {
+                let port = px.port;
+                std::thread::spawn(move || {
+                    let mut c = Conn::open(port);
+                    (0..3)
+                        .map(|_| c.get("/ok", &[]).map(|r| r.status).unwrap_or(0))
+                        .collect::<Vec<u16>>()
+                })
+            })
+            .collect();
+        for c in clients {
+            assert_eq!(
+                c.join().unwrap(),
+                [200; 3],
+                "--proxy-threads {n}{}",
+                px.ctx()
+            );
+        }
+        let (code, rep) = px.stop(secs(8));
+        assert_eq!(code, 0, "{}", px.ctx());
+        assert_eq!(counts(&rep), [36, 0, 36, 36, 0, 0, 0, 0, 0], "{rep}");
+    }
+    let proxy = "127.0.0.1:8080=127.0.0.1:8081";
+    let shown = |extra: &[&str]| {
+        let mut args = vec!["--check-config", "--proxy", proxy];
+        args.extend(extra);
+        let mut r = Running::start_direct(&args, &[], &["DRAINIT_PROXY_THREADS"]);
+        assert_eq!(r.wait(secs(10)).0, 0, "{}", r.stderr_text());
+        let out = std::fs::read_to_string(r.tmp.join("stdout")).unwrap();
+        out.lines()
+            .find(|l| l.starts_with("proxy_threads"))
+            .unwrap_or_else(|| panic!("no proxy_threads line in {out}"))
+            .to_string()
+    };
+    assert_eq!(shown(&["--proxy-threads", "3"]), "proxy_threads = \"3\"");
+    let auto = std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 4));
+    assert_eq!(
+        shown(&[]),
+        format!("proxy_threads = \"auto\"  # {auto} here")
+    );
+}
+
 #[test]
 fn adds_x_forwarded_for_and_forwarded_and_drops_hop_by_hop_headers() {
     let mut px = start_px(
@@ -2220,10 +2290,23 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
         );
         assert!(!started.exists(), "started on {bad:?}");
     }
-    // The health path: a path, and only with --proxy.
+    // The health path and the thread count: valid, and only with --proxy.
     let proxy = "127.0.0.1:8080=127.0.0.1:8081";
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, &'a str);
-    let cases: [Case; 4] = [
+    let cases: [Case; 7] = [
+        (
+            &["--proxy", proxy, "--proxy-threads", "0"],
+            &[],
+            64,
+            "--proxy-threads",
+        ),
+        (&["--proxy-threads", "2"], &[], 64, "--proxy"),
+        (
+            &["--proxy", proxy],
+            &[("DRAINIT_PROXY_THREADS", "many")],
+            78,
+            "DRAINIT_PROXY_THREADS",
+        ),
         (
             &["--proxy", proxy, "--proxy-health", "health"],
             &[],

@@ -121,7 +121,7 @@ fn show_dur(s: &mut String, key: &str, d: Duration) {
 fn show_nothing(_: &Config, _: &mut String) {}
 
 /// Every setting, in the file's order (see the module comment).
-pub(super) static SETTINGS: [Setting; 20] = [
+pub(super) static SETTINGS: [Setting; 21] = [
     Setting {
         key: "probe_addr",
         shape: Shape::Text,
@@ -379,6 +379,28 @@ pub(super) static SETTINGS: [Setting; 20] = [
         show: |c, s| {
             if c.proxy.is_some() {
                 show_dur(s, "stream_spread", c.stream_spread());
+            }
+        },
+    },
+    Setting {
+        key: "proxy_threads",
+        shape: Shape::Text,
+        default: "auto",
+        millis_env: None,
+        set: |c, g| {
+            c.proxy_threads = g.one(parse_proxy_threads)?;
+            Ok(())
+        },
+        show: |c, s| {
+            if c.proxy.is_some() {
+                match c.proxy_threads {
+                    Some(n) => line(s, "proxy_threads", q(&n.to_string())),
+                    None => line(
+                        s,
+                        "proxy_threads",
+                        format!("\"auto\"  # {} here", c.proxy_threads()),
+                    ),
+                }
             }
         },
     },
