@@ -1,5 +1,5 @@
 //! Property tests ("fuzzing" on stable, with proptest): the three parsers that
-//! take input from outside drainit.
+//! take input from outside drainit, and the admission proxy's clients.
 //!
 //! - The configuration (flags + environment + TOML file), through
 //!   `config::load_from`: never a panic; an error is 64 or 78 (0 only for
@@ -8,6 +8,12 @@
 //! - The sd_notify message parser (`notify::Message::parse`), on any bytes.
 //! - The HTTP check's response parser (`checks::response_verdict`), on any bytes
 //!   fed in any chunks, and on well-formed heads with any status.
+//! - The admission proxy, black box: the real binary with `--proxy` in front of
+//!   the real test app, fed hostile requests (framing that disagrees with
+//!   itself, bad syntax, oversized heads, junk, HTTP/2 prefaces with junk): it
+//!   stays up, answers with status lines, leaks no descriptor, lets the app see
+//!   no request its ledger did not admit, and drains cleanly with the ledger
+//!   whole.
 //!
 //! Bounded for CI: a fixed number of cases per property (`PROPTEST_CASES`
 //! overrides it for a longer run). Failures proptest finds are saved in
@@ -20,6 +26,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -567,4 +574,274 @@ fn corpus_http_heads() {
         let want_ok = name.starts_with("ok-");
         assert_eq!(matches!(v, Some(Ok(()))), want_ok, "{name}: {v:?}");
     }
+}
+
+// ---- the admission proxy ----
+
+/// A request line's method: real ones, odd ones, and bytes that are no token.
+fn px_method() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "CONNECT", "PRI", "get", "", "G T",
+        ])
+        .prop_map(String::from),
+        "[A-Z]{1,12}",
+        "[ -~]{0,8}",
+    ]
+}
+
+/// A request target: the app's routes, the other forms (RFC 9112 §3.2), and
+/// junk, up to 20 kB.
+fn px_target() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "/ok",
+            "/",
+            "*",
+            "http://a.example/ok",
+            "a.example:443",
+            "/slow?ms=50",
+            "/upload",
+            "/chunked?n=3",
+            "//x/../..",
+            "/%00?q=%ff",
+        ])
+        .prop_map(String::from),
+        "/[ -~]{0,40}",
+        "[^\r\n]{0,20}",
+        (0usize..20_000).prop_map(|n| format!("/{}", "a".repeat(n))),
+    ]
+}
+
+/// A header line: framing that disagrees with itself (the request smuggling
+/// kinds: two lengths, length and chunked, odd codings), hop-by-hop fields,
+/// upgrades, bad syntax (no colon, space before it, obs-fold, NUL), and
+/// fields up to 80 kB (past the head limit: 431).
+fn px_field() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "Host: a.example",
+            "Host: ",
+            "Host: a b",
+            "Content-Length: -1",
+            "Content-Length: 99999999999999999999",
+            "Content-Length: 5, 5",
+            "Content-Length: 5, 6",
+            "Content-Length: +5",
+            "Transfer-Encoding: chunked",
+            "Transfer-Encoding: chunked, identity",
+            "Transfer-Encoding: xchunked",
+            "Transfer-Encoding: gzip",
+            "Connection: close",
+            "Connection: keep-alive, Upgrade",
+            "Connection: host",
+            "Upgrade: websocket",
+            "Upgrade: h2c",
+            "Expect: 100-continue",
+            "TE: trailers",
+            " folded",
+            "NoColon",
+            "Host : a",
+            "X-Nul: a\0b",
+        ])
+        .prop_map(String::from),
+        (0u32..3000).prop_map(|n| format!("Content-Length: {n}")),
+        "X-Request-Id: [ -~]{0,40}",
+        "[A-Za-z-]{1,20}: [ -~]{0,40}",
+        (0usize..80_000).prop_map(|n| format!("X-Big: {}", "b".repeat(n))),
+    ]
+}
+
+/// What follows the head: nothing, chunked bodies (good, with a pipelined
+/// request after the last chunk, with an absurd size), or any bytes.
+fn px_body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(Vec::new()),
+        Just(b"5\r\nhello\r\n0\r\n\r\n".to_vec()),
+        Just(b"0\r\n\r\nGET /ok HTTP/1.1\r\nHost: a\r\n\r\n".to_vec()),
+        Just(b"ffffffffffffffffff\r\nx".to_vec()),
+        prop::collection::vec(any::<u8>(), 0..2000),
+    ]
+}
+
+/// One hostile client's bytes, and whether they open as HTTP/2 (whose answer is
+/// binary frames, not a status line).
+fn px_request() -> impl Strategy<Value = (Vec<u8>, bool)> {
+    let http1 = (
+        px_method(),
+        px_target(),
+        prop::sample::select(vec![
+            "HTTP/1.1",
+            "HTTP/1.0",
+            "HTTP/2.0",
+            "HTTP/1.1 ",
+            "http/1.1",
+            "HTTP/9.9",
+            "",
+        ]),
+        prop::collection::vec(px_field(), 0..8),
+        prop::sample::select(vec!["\r\n", "\n"]),
+        px_body(),
+    )
+        .prop_map(|(method, target, version, fields, eol, body)| {
+            let mut b = format!("{method} {target} {version}{eol}").into_bytes();
+            for f in fields {
+                b.extend(f.as_bytes());
+                b.extend(eol.as_bytes());
+            }
+            b.extend(eol.as_bytes());
+            b.extend(body);
+            (b, false)
+        });
+    // Mostly well-formed heads (a method, an origin-form target, HTTP/1.1, a
+    // Host) with odd fields and bodies: these reach the app, where framing
+    // and the ledger are tested; the rest mostly end as 400.
+    let forwarded = (
+        prop::sample::select(vec!["GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS"]),
+        prop::sample::select(vec![
+            "/ok",
+            "/upload",
+            "/slow?ms=20",
+            "/chunked?n=3",
+            "/echo-headers",
+            "/nothing-here",
+        ]),
+        prop::collection::vec(px_field(), 0..5),
+        px_body(),
+    )
+        .prop_map(|(method, target, fields, body)| {
+            let mut b = format!("{method} {target} HTTP/1.1\r\nHost: a.example\r\n").into_bytes();
+            for f in fields {
+                b.extend(f.as_bytes());
+                b.extend(b"\r\n");
+            }
+            b.extend(b"\r\n");
+            b.extend(body);
+            (b, false)
+        });
+    prop_oneof![
+        6 => forwarded,
+        3 => http1,
+        1 => prop::collection::vec(any::<u8>(), 0..500).prop_map(|b| (b, false)),
+        1 => prop::collection::vec(any::<u8>(), 0..500).prop_map(|b| {
+            let mut v = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            v.extend(b);
+            (v, true)
+        }),
+    ]
+}
+
+/// Sends `bytes` on a new connection to the proxy and reads what comes back
+/// for at most 1.5 s (a request still waiting for its body is left there: the
+/// connection is then dropped, as a client that gives up).
+fn px_exchange(port: u16, bytes: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return Vec::new();
+    };
+    c.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let _ = c.write_all(bytes);
+    let (mut got, mut buf) = (Vec::new(), [0u8; 16384]);
+    let end = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < end && got.len() < 1 << 20 {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend(&buf[..n]),
+        }
+    }
+    got
+}
+
+/// The admission proxy (`--proxy`) in front of the real test app, fed hostile
+/// requests one connection each (DESIGN §11, "nothing the client sends can make
+/// drainit exit, hang, or forget a request"): after every one drainit is alive
+/// and whatever came back starts with a status line; every 25, `/healthz`
+/// answers; after them all, a normal request is served, the descriptors opened
+/// for them are closed again, the app received no request the ledger did not
+/// admit (no framing the app read differently from drainit), and a SIGTERM
+/// drains cleanly (exit 0) with the ledger's equations whole.
+#[test]
+fn the_proxy_survives_hostile_requests_and_forgets_none() {
+    let ports = ProxyPorts::new();
+    let log_flag = "$TMP/app.log";
+    let mut r = ports.start_under_nofile(
+        "4096",
+        &["--pre-drain-delay", "0s", "--drain-timeout", "5s"],
+        &[
+            "python3",
+            &fixture("proxyapp.py"),
+            "--port",
+            "{app}",
+            "--mode",
+            "graceful",
+            "--log",
+            log_flag,
+        ],
+    );
+    let warm = px_exchange(ports.port, b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(warm.starts_with(b"HTTP/1.1 200"), "{}", r.stderr_text());
+    let fds = || fs::read_dir(format!("/proc/{}/fd", r.pid)).map_or(0, |d| d.count());
+    let baseline = fds();
+    let mut runner = proptest::test_runner::TestRunner::new(cases(300));
+    let n = std::sync::atomic::AtomicU32::new(0);
+    let result = runner.run(&px_request(), |(bytes, h2)| {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let got = px_exchange(ports.port, &bytes);
+        prop_assert!(
+            alive(r.pid),
+            "drainit died on {:?}",
+            String::from_utf8_lossy(&bytes)
+        );
+        if !h2 && !got.is_empty() {
+            prop_assert!(
+                got.starts_with(b"HTTP/1."),
+                "not a status line {:?} for {:?}",
+                String::from_utf8_lossy(&got[..got.len().min(80)]),
+                String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+            );
+        }
+        if i.is_multiple_of(25) {
+            prop_assert_eq!(http(ports.probe, "/healthz", "GET").0, 200);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}\n{}", r.stderr_text());
+    }
+    let ok = px_exchange(ports.port, b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(
+        ok.starts_with(b"HTTP/1.1 200"),
+        "after the hostile requests: {}",
+        r.stderr_text()
+    );
+    assert!(
+        wait_until(secs(15), || fds() <= baseline + 2),
+        "descriptors: {} at the start, {} after the hostile requests\n{}",
+        baseline,
+        fds(),
+        r.stderr_text()
+    );
+    let metrics = http(ports.probe, "/metrics", "GET").2;
+    let resent: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("drainit_proxy_upstream_resent_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(15));
+    let rep = r.report();
+    assert_eq!(code, 0, "{rep}\n{}", r.stderr_text());
+    let q = ledger(&rep);
+    let app_log = fs::read_to_string(r.tmp.join("app.log")).unwrap_or_default();
+    let app_received = app_log.lines().filter(|l| l.starts_with("recv ")).count() as i64;
+    assert!(
+        app_received <= num(q, "admitted") + resent,
+        "the app received {app_received} requests, the ledger admitted {} (+{resent} resent): {q}",
+        num(q, "admitted")
+    );
+    eprintln!(
+        "proxy fuzz: {} hostile connections; ledger {q}; the app received {app_received}",
+        n.into_inner()
+    );
 }

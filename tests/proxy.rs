@@ -181,48 +181,6 @@ impl Px {
     }
 }
 
-/// Checks the ledger of DESIGN §11 in an exit report and returns its `requests`:
-/// received = rejected + admitted; admitted = completed + unknown + abandoned +
-/// canceled + in_flight; nothing left in flight at exit; every lost request named
-/// (or counted truncated), with an outcome, a method and a path without query.
-fn ledger(rep: &Value) -> &Value {
-    let q = &rep["requests"];
-    assert!(q.is_object(), "the report has no `requests` ledger: {rep}");
-    let n = |k: &str| num(q, k);
-    assert_eq!(
-        n("received"),
-        n("rejected") + n("admitted"),
-        "received != rejected + admitted: {q}"
-    );
-    assert_eq!(
-        n("admitted"),
-        n("completed") + n("unknown") + n("abandoned") + n("canceled") + n("in_flight"),
-        "admitted != completed + unknown + abandoned + canceled + in_flight: {q}"
-    );
-    assert_eq!(n("in_flight"), 0, "requests still in flight at exit: {q}");
-    let lost = q["lost"].as_array().expect("requests.lost is a list");
-    assert!(lost.len() <= 100, "lost is capped at 100: {q}");
-    assert_eq!(
-        lost.len() as i64 + n("lost_truncated"),
-        n("unknown") + n("abandoned"),
-        "every unknown/abandoned request is listed or counted truncated: {q}"
-    );
-    for l in lost {
-        let outcome = text(l, "outcome");
-        assert!(outcome == "unknown" || outcome == "abandoned", "{l}");
-        assert!(!text(l, "method").is_empty(), "{l}");
-        let path = text(l, "path");
-        assert!(path.starts_with('/') && !path.contains('?'), "{l}");
-        assert!(l["start_ms"].is_i64(), "{l}");
-    }
-    let s = &rep["streams"];
-    assert!(s.is_object(), "the report has no `streams`: {rep}");
-    for k in ["opened", "completed", "closed_by_drain", "abandoned"] {
-        assert!(num(s, k) >= 0);
-    }
-    q
-}
-
 // ---------------------------------------------------------------- a small client
 
 /// One response: status, head (names lowercased), body.
