@@ -44,8 +44,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{Notify, watch};
 
@@ -292,6 +290,7 @@ impl Proxy {
         if gate >= Gate::Closed && prev < Gate::Closed {
             // No request will need a pooled connection to the app any more.
             s.clients.h1.close_idle();
+            s.clients.h2.close_idle();
             let n = s.streams.open();
             if n > 0 {
                 log::info!(
@@ -418,28 +417,18 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
 }
 
 /// The two ways to the app: HTTP/1.1 for HTTP/1 requests ([`upstream::Pool`]),
-/// HTTP/2 (prior knowledge) for HTTP/2 ones, so that gRPC's trailers and
-/// streams go through.
+/// HTTP/2 (prior knowledge) for HTTP/2 ones ([`upstream::Multiplexed`]), so that
+/// gRPC's trailers and streams go through.
 struct Clients {
     h1: upstream::Pool,
-    h2: Client<HttpConnector, ProxyBody>,
+    h2: upstream::Multiplexed,
 }
 
 impl Clients {
     fn new(app: SocketAddr) -> Clients {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(upstream::CONNECT_TIMEOUT));
-        let h2 = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(UPSTREAM_IDLE)
-            .pool_timer(TokioTimer::new())
-            .retry_canceled_requests(true)
-            .build(connector);
         Clients {
             h1: upstream::Pool::new(app, UPSTREAM_IDLE),
-            h2,
+            h2: upstream::Multiplexed::new(app, UPSTREAM_IDLE),
         }
     }
 }
@@ -1032,7 +1021,20 @@ async fn handle(
     append_forwarded_for(&mut parts.headers, peer_ip.xff);
     parts.headers.append(header::FORWARDED, peer_ip.forwarded);
     if h2 {
-        parts.uri = upstream_uri(&shared.authority, &parts.uri);
+        // The client's `:authority` goes on (RFC 9113 §8.3.1), or its `Host`
+        // when it sent no `:authority`; the app's address only when neither.
+        let authority = parts
+            .uri
+            .authority()
+            .cloned()
+            .or_else(|| {
+                parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|h| hyper::http::uri::Authority::try_from(h.as_bytes()).ok())
+            })
+            .unwrap_or_else(|| shared.authority.clone());
+        parts.uri = upstream_uri(&authority, &parts.uri);
     } else {
         // HTTP/1: origin form (RFC 9112 §3.2.1), the client's `Host` kept; an
         // absolute-form target's host replaces it (RFC 9112 §3.2.2: the target
@@ -1070,15 +1072,7 @@ async fn handle(
         // its own: it says nothing of the app's paths.
         send_asterisk(&clients.h1, up_req).await.map(|r| (r, None))
     } else if h2 {
-        clients
-            .h2
-            .request(up_req)
-            .await
-            .map(|r| (r, None))
-            .map_err(|e| upstream::SendError {
-                reached_app: !e.is_connect(),
-                message: e.to_string(),
-            })
+        clients.h2.send(up_req).await.map(|r| (r, None))
     } else {
         clients.h1.send(up_req).await.map(|(r, l)| (r, Some(l)))
     };

@@ -156,6 +156,44 @@ fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
     assert_eq!(counts(&rep)[..7], [3, 0, 3, 3, 0, 0, 0], "{rep}");
 }
 
+/// The app sees the `:authority` the client sent (RFC 9113 §8.3.1), as an
+/// HTTP/1 app sees the client's `Host`, not the address drainit reaches it at.
+#[test]
+fn the_app_sees_the_clients_authority() {
+    let mut px = start_px();
+    // nghttp sends the URI's host:port as `:authority` unless told otherwise.
+    let seen: Vec<String> = [Some("svc.example:8443"), Some("other.example"), None]
+        .iter()
+        .map(|authority| {
+            let mut c = Command::new("timeout");
+            c.args(["10", "nghttp"]);
+            if let Some(a) = authority {
+                c.arg("-H").arg(format!(":authority: {a}"));
+            }
+            let o = c
+                .arg(format!("http://127.0.0.1:{}/authority", px.port))
+                .stdin(Stdio::null())
+                .output()
+                .expect("running nghttp");
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "authority=svc.example:8443 host=-".to_string(),
+            "authority=other.example host=-".to_string(),
+            format!("authority=127.0.0.1:{} host=-", px.port),
+        ],
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..7], [3, 0, 3, 3, 0, 0, 0], "{rep}");
+}
+
 /// The heart of it: a stream admitted before beat 3 finishes after SIGTERM;
 /// at beat 3 the connection gets the two-step GOAWAY (2^31-1, then the last
 /// stream id), a stream opened on it after that never reaches the app (its id
