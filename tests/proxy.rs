@@ -531,6 +531,33 @@ fn the_proxy_is_served_by_the_threads_it_is_given() {
     );
 }
 
+/// The OS refuses the proxy's threads (a pids limit, here `RLIMIT_NPROC` of a
+/// user that is not root): drainit says so and exits 1 at once, before the
+/// child starts. tokio panics when it cannot spawn a worker, and the panic's
+/// unwinding waits for the workers already started, which never stop: before,
+/// drainit hung there for good, its SIGTERM blocked and never read.
+#[test]
+fn proxy_threads_the_os_refuses_are_an_error_not_a_hang() {
+    let ports = ProxyPorts::new();
+    let argv = ports.argv(
+        &["--proxy-threads", "8"],
+        &["sh", "-c", "echo child-ran >&2; exec sleep 30"],
+    );
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--user", "65534", "--nproc", "4"],
+        args: &args,
+        env: &[],
+    });
+    let (code, _) = r.wait(secs(10));
+    let err = r.stderr_text();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("starting the proxy failed"), "{err}");
+    assert!(err.contains("thread"), "{err}");
+    assert!(!err.contains("child-ran"), "the child started: {err}");
+}
+
 #[test]
 fn adds_x_forwarded_for_and_forwarded_and_drops_hop_by_hop_headers() {
     let mut px = start_px(
