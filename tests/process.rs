@@ -84,6 +84,25 @@ fn a_command_that_cannot_start_gives_127_or_126() {
     }
 }
 
+/// A fork the pids limit refuses (RLIMIT_NPROC 1 for an otherwise unused uid:
+/// drainit itself is its one process) is named as such, not "cannot execute".
+#[test]
+fn a_fork_the_process_limit_refuses_is_named() {
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--user", "65534", "--nproc", "1"],
+        args: &[OFF, "--", "sh", "-c", "echo child-ran >&2"],
+        env: &[],
+    });
+    let (rc, _) = r.wait(secs(5));
+    let err = r.stderr_text();
+    assert_eq!(rc, 126, "{err}");
+    let rep = r.report();
+    assert_eq!(text(&rep, "reason"), "spawn_failed");
+    assert_eq!(text(&rep, "error"), "process limit reached", "{err}");
+    assert!(!err.contains("child-ran"), "{err}");
+}
+
 #[test]
 fn bad_input_is_64_or_78_and_starts_nothing() {
     let tmp = TmpDir::new("usage");

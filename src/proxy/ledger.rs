@@ -331,7 +331,9 @@ impl Ledger {
             Outcome::Canceled => &self.canceled,
         };
         counter.fetch_add(1, Relaxed);
-        self.in_flight.fetch_sub(1, Relaxed);
+        // SeqCst as the admission's `fetch_add` and the supervisor's `in_flight`
+        // read: the wake-up that follows (`settled`) is never for a stale count.
+        self.in_flight.fetch_sub(1, SeqCst);
         self.observe(took);
         if matches!(outcome, Outcome::Unknown | Outcome::Abandoned) {
             if self.t0_passed.load(Relaxed) {
@@ -372,7 +374,7 @@ impl Ledger {
     /// upstream refused the connection): it is `rejected`, not admitted.
     fn unadmit(&self) {
         self.admitted.fetch_sub(1, Relaxed);
-        self.in_flight.fetch_sub(1, Relaxed);
+        self.in_flight.fetch_sub(1, SeqCst);
         self.rejected.fetch_add(1, Relaxed);
     }
 }

@@ -294,10 +294,17 @@ impl Pool {
     /// Keeps `conn` for the next request, unless the pool is closed or the
     /// connection is already older than the idle timeout.
     fn put(&self, conn: Conn) {
-        if self.closed.load(SeqCst) || conn.answered_at.elapsed() >= self.idle_for {
+        if conn.answered_at.elapsed() >= self.idle_for {
             return;
         }
         let mut idle = self.lock();
+        // Under the lock: `close_idle` sets `closed` before it takes the lock
+        // to empty the pool, so a connection is either refused here or
+        // emptied there, never kept after beat 3 (with several proxy threads
+        // the two can run at once).
+        if self.closed.load(SeqCst) {
+            return;
+        }
         idle.push(conn);
         if idle.len() == 1 {
             self.filled.notify_one();
