@@ -763,12 +763,16 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
+    /// An address nothing listens on (bound, then closed).
+    fn nobody_listening() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
     /// Nothing listening: an error that says the request never reached the app.
     #[tokio::test]
     async fn a_refused_connection_never_reached_the_app() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
+        let addr = nobody_listening();
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         let Err(e) = pool.send(get("/")).await else {
             panic!("a request with nothing listening was answered");
@@ -831,10 +835,7 @@ mod tests {
     /// No app listening: the request never reached it (a `rejected` 503).
     #[tokio::test]
     async fn an_http2_request_to_an_app_that_refuses_never_reached_it() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
-        let up = Multiplexed::new(addr, Duration::from_secs(5));
+        let up = Multiplexed::new(nobody_listening(), Duration::from_secs(5));
         let e = up.send(h2_get("a.example")).await.unwrap_err();
         assert!(!e.reached_app, "{e:?}");
     }
