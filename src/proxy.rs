@@ -5,7 +5,8 @@
 //!
 //! Owns: the listen socket's connections, the upstream connection pool, the
 //! [`Gate`] each request passes, and the [`ledger`]. Runs on its own threads
-//! (`--proxy-threads`, one tokio multi-thread runtime), so that no amount of
+//! (`--proxy-threads`: one with a current-thread tokio runtime, or the workers
+//! of a multi-thread one), so that no amount of
 //! traffic delays signal handling, reaping, the drain's timers or the probes
 //! (the supervisor's loop stays single-threaded on its own thread and never
 //! waits on the proxy). A panic in one connection ends that connection's task
