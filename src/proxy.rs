@@ -1027,21 +1027,32 @@ async fn handle(
     }
     // RFC 9112 §3.2: an HTTP/1.1 request without `Host`, and any request with
     // more than one, is answered 400 and never sent on (counted `malformed`,
-    // as hyper's own 400s are).
-    if !h2 {
-        let hosts = req.headers().get_all(header::HOST).iter().count();
-        if hosts > 1 || (hosts == 0 && version == hyper::Version::HTTP_11) {
-            shared.ledger.malformed();
-            let text = if hosts == 0 {
-                "400 bad request: HTTP/1.1 requires a Host field\n"
-            } else {
-                "400 bad request: more than one Host field\n"
-            };
-            let mut r = local(StatusCode::BAD_REQUEST, text, gate, version);
+    // as hyper's own 400s are). RFC 9113 §8.3.1: an HTTP/2 request whose `Host`
+    // names another authority than its `:authority` is malformed too.
+    let hosts = req.headers().get_all(header::HOST);
+    let host_count = hosts.iter().count();
+    let malformed = if host_count > 1 {
+        Some("400 bad request: more than one Host field\n")
+    } else if !h2 && host_count == 0 && version == hyper::Version::HTTP_11 {
+        Some("400 bad request: HTTP/1.1 requires a Host field\n")
+    } else if h2
+        && let (Some(authority), Some(host)) = (req.uri().authority(), hosts.iter().next())
+        && !host
+            .as_bytes()
+            .eq_ignore_ascii_case(authority.as_str().as_bytes())
+    {
+        Some("400 bad request: Host differs from :authority\n")
+    } else {
+        None
+    };
+    if let Some(text) = malformed {
+        shared.ledger.malformed();
+        let mut r = local(StatusCode::BAD_REQUEST, text, gate, version);
+        if !h2 {
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return r;
         }
+        return r;
     }
     shared.ledger.received();
     if gate != Gate::Ready && gate != Gate::Closing {

@@ -157,7 +157,8 @@ fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
 }
 
 /// The app sees the `:authority` the client sent (RFC 9113 §8.3.1), as an
-/// HTTP/1 app sees the client's `Host`, not the address drainit reaches it at.
+/// HTTP/1 app sees the client's `Host`, not the address drainit reaches it at;
+/// a `Host` that disagrees with it is drainit's 400 (`malformed`).
 #[test]
 fn the_app_sees_the_clients_authority() {
     let mut px = start_px();
@@ -188,10 +189,30 @@ fn the_app_sees_the_clients_authority() {
         "{}",
         px.ctx()
     );
+    // A `Host` that names another authority is malformed (RFC 9113 §8.3.1):
+    // drainit's 400, never the app's; the same one as `:authority` passes.
+    let with_host = |host: &str| {
+        let o = Command::new("timeout")
+            .args(["10", "nghttp", "-H"])
+            .arg(format!("host: {host}"))
+            .arg(format!("http://127.0.0.1:{}/authority", px.port))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running nghttp");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(
+        with_host("other.example"),
+        "400 bad request: Host differs from :authority"
+    );
+    let same = format!("127.0.0.1:{}", px.port);
+    assert_eq!(with_host(&same), format!("authority={same} host={same}"));
     px.r.signal(libc::SIGTERM);
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
-    assert_eq!(counts(&rep)[..7], [3, 0, 3, 3, 0, 0, 0], "{rep}");
+    // received, rejected, admitted, completed, unknown, abandoned, canceled,
+    // in_flight, malformed
+    assert_eq!(counts(&rep), [4, 0, 4, 4, 0, 0, 0, 0, 1], "{rep}");
 }
 
 /// The heart of it: a stream admitted before beat 3 finishes after SIGTERM;
