@@ -1088,6 +1088,19 @@ fn resolve_checks(r: &Resolver<'_>, check_timeout: Duration) -> Result<Vec<Check
     Ok(checks)
 }
 
+/// A `[[check]]` or `[[teardown]]` name: not empty, and no control character
+/// (it goes into log lines, the report and `/metrics` labels, where a `\r` or a
+/// newline would split or garble a line).
+fn check_entry_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("name is empty".into());
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("name {name:?} has a control character"));
+    }
+    Ok(())
+}
+
 /// The `i`-th `[[check]]` table: exactly one of tcp, http, exec, file.
 fn file_check(
     r: &Resolver<'_>,
@@ -1119,6 +1132,9 @@ fn file_check(
     }
     if kinds.len() != 1 {
         return Err(at("needs exactly one of tcp, http, exec, file".into()));
+    }
+    if let Some(name) = &c.name {
+        check_entry_name(name).map_err(at)?;
     }
     let timeout = match &c.timeout {
         Some(t) => parse_duration(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
@@ -1156,6 +1172,9 @@ fn resolve_teardown(
             return Err(at("command is empty".into()));
         }
         argv_no_nul(&t.command).map_err(|e| at(format!("command: {e}")))?;
+        if let Some(name) = &t.name {
+            check_entry_name(name).map_err(at)?;
+        }
         let timeout = match &t.timeout {
             Some(d) => {
                 parse_duration(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
@@ -1781,6 +1800,30 @@ mod tests {
         );
         let _ = std::fs::remove_file(p);
         let _ = std::fs::remove_file(p2);
+    }
+
+    #[test]
+    fn entry_names_with_control_characters_or_empty_are_refused() {
+        for (text, want) in [
+            (
+                "[[check]]\nname = \"a\\rb\"\ntcp = \"127.0.0.1:1\"\n",
+                ":1:1: [[check]] #1: name \"a\\rb\" has a control character",
+            ),
+            (
+                "[[check]]\nname = \"\"\ntcp = \"127.0.0.1:1\"\n",
+                ":1:1: [[check]] #1: name is empty",
+            ),
+            (
+                "[[teardown]]\nname = \"x\\ny\"\ncommand = [\"true\"]\n",
+                ":1:1: [[teardown]] #1: name \"x\\ny\" has a control character",
+            ),
+        ] {
+            let p = write_file("names", text);
+            let e = load(&["--config", p.to_str().unwrap(), "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 78, "{text}");
+            assert!(e.message.contains(want), "{text}: {}", e.message);
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     #[test]
