@@ -534,33 +534,44 @@ mod tests {
         true
     }
 
-    /// An app that answers every request on a connection, and closes the
-    /// connection `linger` after its `per_conn`th answer without saying so (as
-    /// an app does when its keep-alive timeout fires between two requests).
-    async fn app(
-        per_conn: usize,
-        linger: Duration,
-    ) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    /// How many connections a test app accepted.
+    type Accepted = std::sync::Arc<std::sync::atomic::AtomicUsize>;
+
+    /// A test app on a free port: each connection it accepts is counted and
+    /// served by `serve` on a task of its own.
+    async fn counting_app<F, Fut>(serve: F) -> (SocketAddr, Accepted)
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let conns = Accepted::default();
         let counted = conns.clone();
         tokio::spawn(async move {
             loop {
-                let (mut tcp, _) = l.accept().await.unwrap();
+                let (tcp, _) = l.accept().await.unwrap();
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::spawn(async move {
-                    for _ in 0..per_conn {
-                        if !read_head(&mut tcp).await {
-                            return;
-                        }
-                        let _ = tcp.write_all(OK).await;
-                    }
-                    tokio::time::sleep(linger).await;
-                });
+                tokio::spawn(serve(tcp));
             }
         });
         (addr, conns)
+    }
+
+    /// An app that answers every request on a connection, and closes the
+    /// connection `linger` after its `per_conn`th answer without saying so (as
+    /// an app does when its keep-alive timeout fires between two requests).
+    async fn app(per_conn: usize, linger: Duration) -> (SocketAddr, Accepted) {
+        counting_app(move |mut tcp| async move {
+            for _ in 0..per_conn {
+                if !read_head(&mut tcp).await {
+                    return;
+                }
+                let _ = tcp.write_all(OK).await;
+            }
+            tokio::time::sleep(linger).await;
+        })
+        .await
     }
 
     async fn body(resp: Response<Incoming>) -> Vec<u8> {
@@ -783,28 +794,19 @@ mod tests {
 
     /// An HTTP/2 app (hyper's server, prior knowledge) that answers each
     /// request with the `:authority` it got, and counts its connections.
-    async fn h2_app() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = conns.clone();
-        tokio::spawn(async move {
-            loop {
-                let (tcp, _) = l.accept().await.unwrap();
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                    let authority = req.uri().authority().map(|a| a.to_string());
-                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-                        bytes::Bytes::from(authority.unwrap_or_default()),
-                    )))
-                });
-                tokio::spawn(
-                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), service),
-                );
-            }
-        });
-        (addr, conns)
+    async fn h2_app() -> (SocketAddr, Accepted) {
+        counting_app(|tcp| async move {
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                let authority = req.uri().authority().map(|a| a.to_string());
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from(authority.unwrap_or_default()),
+                )))
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        })
+        .await
     }
 
     fn h2_get(authority: &str) -> Request<ProxyBody> {
