@@ -202,20 +202,22 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(spec) => match drainit::proxy::bind(spec.listen) {
             Ok(l) => {
                 let (ready_ask, ready_asks) = tokio::sync::mpsc::channel(64);
+                // `auto` reads the affinity mask and the cgroup quota: once.
+                let threads = cfg.proxy_threads();
                 match drainit::proxy::Proxy::start(
                     l,
                     *spec,
                     cfg.proxy_health.clone(),
                     ready_ask,
                     cfg.stream_spread(),
-                    cfg.proxy_threads(),
+                    threads,
                 ) {
                     Ok(p) => {
                         log::info!(
                             "proxy: {} -> {} ({} thread(s))",
                             spec.listen,
                             spec.upstream,
-                            cfg.proxy_threads()
+                            threads
                         );
                         (Some(p), Some(ready_asks))
                     }

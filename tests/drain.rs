@@ -784,9 +784,7 @@ time.sleep(30)
         ready.is_some(),
         "READY=1 after the fd-carrying datagrams was not seen"
     );
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", r.pid))
-        .unwrap()
-        .count();
+    let fds = open_fds(r.pid);
     assert!(
         fds < 20,
         "drainit holds {fds} fds: passed descriptors leaked"

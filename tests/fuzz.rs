@@ -781,8 +781,7 @@ fn the_proxy_survives_hostile_requests_and_forgets_none() {
     );
     let warm = px_exchange(ports.port, b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n");
     assert!(warm.starts_with(b"HTTP/1.1 200"), "{}", r.stderr_text());
-    let fds = || fs::read_dir(format!("/proc/{}/fd", r.pid)).map_or(0, |d| d.count());
-    let baseline = fds();
+    let baseline = open_fds(r.pid);
     let mut runner = proptest::test_runner::TestRunner::new(cases(300));
     let n = std::sync::atomic::AtomicU32::new(0);
     let result = runner.run(&px_request(), |(bytes, h2)| {
@@ -816,10 +815,10 @@ fn the_proxy_survives_hostile_requests_and_forgets_none() {
         r.stderr_text()
     );
     assert!(
-        wait_until(secs(15), || fds() <= baseline + 2),
+        wait_until(secs(15), || open_fds(r.pid) <= baseline + 2),
         "descriptors: {} at the start, {} after the hostile requests\n{}",
         baseline,
-        fds(),
+        open_fds(r.pid),
         r.stderr_text()
     );
     let metrics = http(ports.probe, "/metrics", "GET").2;

@@ -78,6 +78,18 @@ fn start_px(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     unreachable!()
 }
 
+/// The usual setup: a graceful app behind the proxy as a subreaper, readiness
+/// from the app's port, no pre-drain delay; returned once ready.
+fn start_graceful() -> Px {
+    let px = start_px(
+        Mode::Subreaper,
+        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    px
+}
+
 fn start_px_once(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     let [port, app, probe] = free_ports();
     let probe_addr = format!("127.0.0.1:{probe}");
@@ -397,12 +409,7 @@ fn assert_draining_503(resp: &Resp, what: &str) {
 
 #[test]
 fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_counts_them() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     for i in 0..3 {
         let resp = c
@@ -560,12 +567,7 @@ fn proxy_threads_the_os_refuses_are_an_error_not_a_hang() {
 
 #[test]
 fn adds_x_forwarded_for_and_forwarded_and_drops_hop_by_hop_headers() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     let resp = c
         .get(
@@ -632,12 +634,7 @@ fn adds_x_forwarded_for_and_forwarded_and_drops_hop_by_hop_headers() {
 
 #[test]
 fn streams_a_chunked_response_chunk_by_chunk() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let gate = px.r.path("gate");
     let mut c = px.conn();
     c.request(
@@ -677,12 +674,7 @@ fn streams_a_chunked_response_chunk_by_chunk() {
 
 #[test]
 fn streams_a_256_mib_chunked_upload_without_growing() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     // Warm the proxy's paths up with a small request, then read the baseline.
     assert_eq!(get(px.port, "/ok").status, 200);
     let pid = px.r.pid;
@@ -736,12 +728,7 @@ fn streams_a_256_mib_chunked_upload_without_growing() {
 
 #[test]
 fn streams_a_256_mib_chunked_download_to_a_slow_reader_without_growing() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     assert_eq!(get(px.port, "/ok").status, 200);
     let pid = px.r.pid;
     let base = rss_kb(pid);
@@ -1318,12 +1305,7 @@ fn a_response_still_streaming_at_the_deadline_is_abandoned() {
 
 #[test]
 fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     // Cut inside the status line: the client gets a 502.
     let resp = get(px.port, "/cut?at=head");
     assert_eq!(resp.status, 502, "{resp:?}{}", px.ctx());
@@ -1356,12 +1338,7 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
 
 #[test]
 fn a_client_that_goes_away_mid_request_is_canceled() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     c.request("GET", "/slow?ms=800", &[], None).unwrap();
     assert!(
@@ -1387,12 +1364,7 @@ fn a_client_that_goes_away_mid_request_is_canceled() {
 
 #[test]
 fn metrics_count_proxy_requests_by_outcome() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     assert_eq!(get(px.port, "/ok").status, 200);
     assert_eq!(get(px.port, "/ok").status, 200);
     assert_eq!(get(px.port, "/cut").status, 502);
@@ -1514,12 +1486,7 @@ fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
 /// any other, not an upstream refusal.
 #[test]
 fn an_asterisk_form_options_request_reaches_the_app() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     c.request("OPTIONS", "*", &[], None).unwrap();
     let resp = c.response(false).unwrap();
@@ -1687,12 +1654,7 @@ fn admission_closes_atomically_under_a_flood_with_no_delay_and_a_naive_app() {
 
 #[test]
 fn the_list_of_lost_requests_is_capped_at_100() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     for _ in 0..105 {
         assert_eq!(get(px.port, "/cut").status, 502);
     }
@@ -1830,12 +1792,7 @@ fn a_request_that_comes_as_the_app_exits_at_the_forward_still_gets_the_503() {
 
 #[test]
 fn malformed_requests_get_400_oversized_heads_431_and_are_counted() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     c.send(b"THIS IS NOT HTTP\r\n\r\n").unwrap();
     let resp = c
@@ -1884,12 +1841,7 @@ fn malformed_requests_get_400_oversized_heads_431_and_are_counted() {
 /// `Connection: close`, the request is `canceled`, and nobody else waited.
 #[test]
 fn a_client_that_stalls_its_request_body_gets_408_after_the_body_timeout() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     c.s.set_read_timeout(Some(secs(40))).unwrap();
     c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n0123456789")
@@ -1917,12 +1869,7 @@ fn a_client_that_stalls_its_request_body_gets_408_after_the_body_timeout() {
 
 #[test]
 fn slowloris_clients_do_not_delay_a_normal_request() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     // 32 clients each sending a head one byte per 100 ms, never finishing it.
     let stop = Arc::new(AtomicBool::new(false));
     let port = px.port;
@@ -1966,12 +1913,7 @@ fn slowloris_clients_do_not_delay_a_normal_request() {
 
 #[test]
 fn a_websocket_is_echoed_through_the_proxy_and_counted_as_a_stream() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let mut c = px.conn();
     c.request(
         "GET",
@@ -2515,12 +2457,7 @@ fn echoed_headers(px: &Px, raw: &str) -> (String, Vec<(String, String)>) {
 /// and the app gets the path in origin form.
 #[test]
 fn an_absolute_form_target_gives_the_app_its_host_and_an_origin_form_path() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
+    let mut px = start_graceful();
     let hosts = |got: &[(String, String)]| -> Vec<String> {
         got.iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
@@ -2549,20 +2486,10 @@ fn an_absolute_form_target_gives_the_app_its_host_and_an_origin_form_path() {
 /// (drainit's descriptors do not grow), and the next request is answered.
 #[test]
 fn aborted_downloads_leave_no_upstream_connection_behind() {
-    let mut px = start_px(
-        Mode::Subreaper,
-        &["--ready-tcp", "127.0.0.1:{app}", "--pre-drain-delay", "0s"],
-        &["--mode", "graceful"],
-    );
-    px.wait_ready();
-    let fds = |pid: i32| {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .unwrap()
-            .count()
-    };
+    let mut px = start_graceful();
     // One request first, so the pool and its sweep exist.
     assert_eq!(get(px.port, "/ok").status, 200);
-    let before = fds(px.r.pid);
+    let before = open_fds(px.r.pid);
     let gate = px.r.path("gate");
     for i in 0..40 {
         let mut c = px.conn();
@@ -2577,12 +2504,12 @@ fn aborted_downloads_leave_no_upstream_connection_behind() {
         assert_eq!(status, 200);
         drop(c);
     }
-    let settled = wait_until(secs(5), || fds(px.r.pid) <= before + 2);
+    let settled = wait_until(secs(5), || open_fds(px.r.pid) <= before + 2);
     std::fs::write(&gate, "").unwrap();
     assert!(
         settled,
         "descriptors {before} -> {} after 40 aborted downloads{}",
-        fds(px.r.pid),
+        open_fds(px.r.pid),
         px.ctx()
     );
     assert_eq!(get(px.port, "/ok").status, 200, "{}", px.ctx());

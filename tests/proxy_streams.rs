@@ -184,16 +184,19 @@ fn open_websockets_are_closed_with_1001_spread_over_the_window_and_reconnect_els
     assert_eq!(num(&rep_b, "streams.opened"), N as i64, "{rep_b}");
 }
 
+/// No pre-drain delay, streams closed all at once at beat 3, a 5 s deadline.
+const AT_ONCE: [&str; 6] = [
+    "--pre-drain-delay",
+    "0s",
+    "--drain-timeout",
+    "5s",
+    "--stream-spread",
+    "0s",
+];
+
 #[test]
 fn an_event_stream_is_ended_between_events_with_a_proper_end() {
-    let (mut r, port) = replica(&[
-        "--pre-drain-delay",
-        "0s",
-        "--drain-timeout",
-        "5s",
-        "--stream-spread",
-        "0s",
-    ]);
+    let (mut r, port) = replica(&AT_ONCE);
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -244,14 +247,7 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     let app_py = fixture("proxyapp.py");
     let mut r = ports.start_under_nofile(
         "256",
-        &[
-            "--pre-drain-delay",
-            "0s",
-            "--drain-timeout",
-            "5s",
-            "--stream-spread",
-            "0s",
-        ],
+        &AT_ONCE,
         &[python(), &app_py, "--port", "{app}", "--mode", "graceful"],
     );
     // All handshakes sent first; past the cap they wait unanswered.
@@ -283,9 +279,7 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     }
     let (status, _, _) = http(probe, "/healthz", "GET");
     let err = r.stderr_text();
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", r.pid))
-        .unwrap()
-        .count();
+    let fds = open_fds(r.pid);
     // (256 - 32) / 4: the proxy's cap on client connections (README).
     assert!(
         open <= 56 && other.is_empty(),

@@ -822,13 +822,15 @@ mod tests {
     #[tokio::test]
     async fn http2_requests_share_one_connection_and_keep_their_authority() {
         let (addr, conns) = h2_app().await;
-        let up = Multiplexed::new(addr, Duration::from_millis(300));
+        // 1 s: the three requests below share the connection unless the
+        // machine stalls a whole second between two of them.
+        let up = Multiplexed::new(addr, Duration::from_secs(1));
         for authority in ["a.example", "b.example:8443", "a.example"] {
             let resp = up.send(h2_get(authority)).await.unwrap();
             assert_eq!(body(resp).await, authority.as_bytes());
         }
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
         let resp = up.send(h2_get("a.example")).await.unwrap();
         assert_eq!(body(resp).await, b"a.example");
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);

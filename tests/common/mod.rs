@@ -524,6 +524,14 @@ impl Drop for Running {
     }
 }
 
+/// How many file descriptors process `pid` holds (`/proc/PID/fd`); a panic
+/// when it is gone (a count of a dead process would pass any "no leak" check).
+pub fn open_fds(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+        .count()
+}
+
 /// Shorthand for report fields.
 pub fn num(v: &Value, path: &str) -> i64 {
     let mut cur = v;
