@@ -422,6 +422,9 @@ pub struct Multiplexed {
     /// A connect holds the lock: the requests that come meanwhile wait for it
     /// rather than open connections of their own.
     conn: tokio::sync::Mutex<Option<(H2Sender, Instant)>>,
+    /// Set by [`Multiplexed::close_idle`] (beat 3): the connection is no longer
+    /// kept for later requests, as [`Pool`] keeps none.
+    closed: AtomicBool,
 }
 
 impl Multiplexed {
@@ -432,19 +435,27 @@ impl Multiplexed {
             addr,
             idle_for,
             conn: tokio::sync::Mutex::new(None),
+            closed: AtomicBool::new(false),
         }
     }
 
     /// The open connection, or a new one. A connection given up here closes
-    /// once its streams have ended (hyper's, when no sender is left).
+    /// once its streams have ended (hyper's, when no sender is left). From
+    /// beat 3 none is kept: a request admitted before it and sent after gets
+    /// the kept one (taken out) or one of its own.
     async fn sender(&self) -> Result<H2Sender, SendError> {
         let mut conn = self.conn.lock().await;
+        let closed = self.closed.load(SeqCst);
         if let Some((s, last)) = conn.as_mut()
             && !s.is_closed()
             && last.elapsed() < self.idle_for
         {
             *last = Instant::now();
-            return Ok(s.clone());
+            let s = s.clone();
+            if closed {
+                *conn = None;
+            }
+            return Ok(s);
         }
         *conn = None;
         let addr = self.addr;
@@ -460,7 +471,9 @@ impl Multiplexed {
                 log::debug!("proxy: HTTP/2 upstream connection ended: {e}");
             }
         });
-        *conn = Some((send.clone(), Instant::now()));
+        if !closed {
+            *conn = Some((send.clone(), Instant::now()));
+        }
         Ok(send)
     }
 
@@ -499,8 +512,11 @@ impl Multiplexed {
     }
 
     /// At beat 3: the connection is let go (it closes once its streams
-    /// have ended: no new request will need it).
+    /// have ended: no new request will need it), and none is kept after. When
+    /// a connect holds the lock now, the next [`Multiplexed::sender`] lets it
+    /// go instead.
     pub fn close_idle(&self) {
+        self.closed.store(true, SeqCst);
         if let Ok(mut conn) = self.conn.try_lock() {
             *conn = None;
         }
@@ -834,6 +850,23 @@ mod tests {
         let resp = up.send(h2_get("a.example")).await.unwrap();
         assert_eq!(body(resp).await, b"a.example");
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// From beat 3 no HTTP/2 connection is kept: the one open is let go, and a
+    /// request sent after gets a connection of its own that is not kept either.
+    #[tokio::test]
+    async fn closed_at_beat_3_no_http2_connection_is_kept() {
+        let (addr, conns) = h2_app().await;
+        let up = Multiplexed::new(addr, Duration::from_secs(5));
+        let resp = up.send(h2_get("a.example")).await.unwrap();
+        assert_eq!(body(resp).await, b"a.example");
+        up.close_idle();
+        for n in 2..=3 {
+            let resp = up.send(h2_get("a.example")).await.unwrap();
+            assert_eq!(body(resp).await, b"a.example");
+            assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), n);
+        }
+        assert!(up.conn.lock().await.is_none());
     }
 
     /// No app listening: the request never reached it (a `rejected` 503).
