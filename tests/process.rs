@@ -84,13 +84,14 @@ fn a_command_that_cannot_start_gives_127_or_126() {
     }
 }
 
-/// A fork the pids limit refuses (RLIMIT_NPROC 1 for an otherwise unused uid:
-/// drainit itself is its one process) is named as such, not "cannot execute".
+/// A fork the pids limit refuses (RLIMIT_NPROC 1 for a uid no account has, so
+/// that no other process of the machine counts against it: drainit itself is
+/// its one process) is named as such, not "cannot execute".
 #[test]
 fn a_fork_the_process_limit_refuses_is_named() {
     let mut r = Running::start_with(Start {
         mode: Mode::Subreaper,
-        launch: &["--user", "65534", "--nproc", "1"],
+        launch: &["--user", "64101", "--nproc", "1"],
         args: &[OFF, "--", "sh", "-c", "echo child-ran >&2"],
         env: &[],
     });

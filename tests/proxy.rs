@@ -539,7 +539,7 @@ fn the_proxy_is_served_by_the_threads_it_is_given() {
 }
 
 /// The OS refuses the proxy's threads (a pids limit, here `RLIMIT_NPROC` of a
-/// user that is not root): drainit says so and exits 1 at once, before the
+/// uid no account has, so that only drainit's own threads count): drainit says so and exits 1 at once, before the
 /// child starts. tokio panics when it cannot spawn a worker, and the panic's
 /// unwinding waits for the workers already started, which never stop: before,
 /// drainit hung there for good, its SIGTERM blocked and never read.
@@ -553,7 +553,7 @@ fn proxy_threads_the_os_refuses_are_an_error_not_a_hang() {
     let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut r = Running::start_with(Start {
         mode: Mode::Subreaper,
-        launch: &["--user", "65534", "--nproc", "4"],
+        launch: &["--user", "64102", "--nproc", "4"],
         args: &args,
         env: &[],
     });
