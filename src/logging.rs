@@ -30,9 +30,9 @@
 //! writer thread stops after it.
 
 use std::io::Write;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::config::LogFormat;
@@ -514,6 +514,13 @@ static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 /// started from the thread that logs, which blocks the caught signals, and
 /// inherits that mask.
 fn emit(format: LogFormat, line: String) {
+    // One thread at a time from the idle check to the queueing of what was not
+    // written: a line longer than a pipe's atomic write (4 KiB) may go out in
+    // part, and another thread's line (the proxy's threads log too) written
+    // directly before the rest is queued would land inside it. Nothing in here
+    // blocks (the writes are non-blocking, the queue drops when full), so the
+    // supervisor never waits long on it.
+    let turn = EMITTING.lock().unwrap_or_else(PoisonError::into_inner);
     let queue = QUEUE.get();
     let mut line = line.into_bytes();
     if queue.is_none_or(Queue::idle) {
@@ -528,12 +535,17 @@ fn emit(format: LogFormat, line: String) {
     match self::queue(format) {
         Some(q) => q.push(line),
         // No writer thread (it could not be created): write directly, which may
-        // block on a full pipe, as a last resort.
+        // block on a full pipe, as a last resort (not holding the turn, so that
+        // only this thread waits).
         None => {
+            drop(turn);
             let _ = std::io::stderr().lock().write_all(&line);
         }
     }
 }
+
+/// Held by [`emit`] while it writes or queues a line.
+static EMITTING: Mutex<()> = Mutex::new(());
 
 /// Waits at most `within` (use [`FINAL_WRITE_BOUND`]) until every line logged so
 /// far is written to stderr. For exits that write no report (an error before the
