@@ -434,7 +434,7 @@ impl Driver {
             requests: self
                 .proxy
                 .as_ref()
-                .map(|p| (p.ledger().totals(), p.ledger().streams())),
+                .map(|p| (p.totals(), p.ledger().streams())),
         })
     }
 
@@ -1123,7 +1123,7 @@ impl Driver {
         let requests = self.proxy.as_mut().map(|p| {
             p.stop();
             let l = p.ledger();
-            (l.totals(), l.streams(), l.lost_since_t0())
+            (p.totals(), l.streams(), l.lost_since_t0())
         });
         if let Some((totals, _, lost)) = &requests {
             outcome = self.drain.settle_requests(*lost as usize);

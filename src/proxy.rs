@@ -49,7 +49,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{Notify, watch};
 
 use crate::config::ProxySpec;
-use ledger::{Admitted, Ledger, Outcome, StreamEnd};
+use ledger::{Admitted, Ledger, Outcome, StreamEnd, Totals};
 use streams::{Ended, Registered, StreamSet};
 
 /// Where admission stands; only ever moves forward.
@@ -416,6 +416,15 @@ impl Proxy {
     /// The ledger (report, metrics, log lines).
     pub fn ledger(&self) -> &'static Ledger {
         &self.shared.ledger
+    }
+
+    /// The ledger's totals now, with the requests sent to the app a second
+    /// time (the report's `requests`).
+    pub fn totals(&self) -> Totals {
+        Totals {
+            resent: self.shared.clients.h1.resent(),
+            ..self.shared.ledger.totals()
+        }
     }
 
     /// Cuts what is in flight (`abandoned`) and stops the proxy thread: the

@@ -1336,6 +1336,30 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
     assert!(lost.iter().any(|l| l["request_id"] == "cut-2"), "{rep}");
 }
 
+/// The app closes a kept-alive connection as drainit reuses it: it reads the
+/// request and closes without a byte back. A GET is idempotent, so drainit
+/// sends it once more on a new connection (README "Upstream"): the client gets
+/// its 200, and the report says the request reached the app twice.
+#[test]
+fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
+    let mut px = start_graceful();
+    let mut c = px.conn();
+    let first = c.get("/drop-next", &[]).unwrap();
+    assert_eq!(first.status, 200, "{}", px.ctx());
+    // The one idle connection to the app is the one it will drop (back in the
+    // pool as soon as the response is read; kept 1.5 s).
+    std::thread::sleep(Duration::from_millis(300));
+    let second = get(px.port, "/ok");
+    assert_eq!(second.status, 200, "{}", px.ctx());
+    assert_eq!(px.logged("dropped GET /ok").len(), 1, "{}", px.ctx());
+    let peers: Vec<String> = px.logged("recv GET /ok");
+    assert_eq!(peers.len(), 2, "the app got it twice: {}", px.ctx());
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep), [2, 0, 2, 2, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(rep["requests"]["resent"], 1, "{rep}");
+}
+
 #[test]
 fn a_client_that_goes_away_mid_request_is_canceled() {
     let mut px = start_graceful();

@@ -121,6 +121,12 @@ pub struct Totals {
     /// for a missing or repeated `Host`, RFC 9112 §3.2): not in `received`. A head that never came (timeout) is not
     /// counted: an idle pre-opened connection looks the same.
     pub malformed: u64,
+    /// Admitted requests sent to the app a second time, on a new connection,
+    /// because the kept-alive one they were given turned out closed (the
+    /// proxy's resend rule, README "Upstream"): each is also counted once in
+    /// its outcome. Set by [`crate::proxy::Proxy::totals`]; 0 from
+    /// [`Ledger::totals`].
+    pub resent: u64,
     /// The first [`LOST_LISTED`] `unknown` and `abandoned` requests.
     pub lost: Vec<Lost>,
     /// How many more were lost than `lost` lists.
@@ -258,6 +264,7 @@ impl Ledger {
             in_flight: self.in_flight.load(Relaxed),
             in_flight_at_start: self.in_flight_at_start.load(Relaxed),
             malformed: self.malformed.load(Relaxed),
+            resent: 0,
             lost: listed,
             lost_truncated: lost.1,
         }
