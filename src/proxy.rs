@@ -1221,15 +1221,18 @@ async fn handle(
         }
         Err(e) => {
             log::debug!("proxy: upstream failed: {}", e.message);
+            // After the deadline's cut the app was killed by drainit, not
+            // gone by itself: the client is told which (the ledger says
+            // `abandoned` either way).
+            let why = if shared.ledger.cutting() {
+                "502 bad gateway: the drain deadline came before the app answered; drainit stopped the app (the request may have been processed)\n"
+            } else {
+                "502 bad gateway: the app closed the connection without a complete response\n"
+            };
             admitted.settle(Outcome::Unknown);
             drop(admitted);
             shared.settled();
-            return local(
-                StatusCode::BAD_GATEWAY,
-                "502 bad gateway: the app closed the connection without a complete response\n",
-                shared.gate(),
-                version,
-            );
+            return local(StatusCode::BAD_GATEWAY, why, shared.gate(), version);
         }
     };
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
