@@ -112,6 +112,9 @@ pub struct Driver {
     /// end of the step, after the signal the step sends. Holds the main child
     /// when it was alive at the sample (read before that signal).
     sample_due: Option<Start>,
+    /// The line of a forward made in the same step as `sample_due`: logged
+    /// after beat 1's line, which announces it.
+    forward_line_due: Option<String>,
     /// The drain signal this step forwarded to the main child (or its group):
     /// a main child it killed at once was alive at T0.
     forwarded_now: Option<Signal>,
@@ -213,6 +216,7 @@ impl Driver {
             signalled: HashSet::new(),
             sampled: None,
             sample_due: None,
+            forward_line_due: None,
             forwarded_now: None,
             child_read: None,
             reap_more: false,
@@ -362,6 +366,9 @@ impl Driver {
             }
             if let Some(start) = self.sample_due.take() {
                 self.finish_sample(start);
+            }
+            if let Some(line) = self.forward_line_due.take() {
+                log::info!("{line}");
             }
             if std::mem::take(&mut self.admission_log_due) {
                 self.log_admission_closed();
@@ -669,11 +676,19 @@ impl Driver {
             }
             self.sampled = Some(left);
         }
-        log::info!(
+        let line = format!(
             "forwarded {sig} to {} {}",
             if target < 0 { "process group" } else { "child" },
             target.abs()
         );
+        if self.sample_due.is_some() {
+            // No pre-drain delay: beat 1's line ("drain started by …"), which
+            // announces this forward, is logged at the end of this step; the
+            // forward's line follows it rather than coming first.
+            self.forward_line_due = Some(line);
+        } else {
+            log::info!("{line}");
+        }
         if stopped {
             // A stopped process cannot act on the drain signal: wake it, as
             // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).

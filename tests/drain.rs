@@ -571,6 +571,17 @@ fn a_process_started_by_a_cleanup_hook_is_part_of_the_drain_not_signalled() {
         );
         assert!(elapsed >= 600, "{elapsed}");
         assert_eq!(text(&r.report(), "reason"), "drained");
+        // Without a pre-drain delay the forward comes in beat 1's own step; its
+        // line still follows the line that announces it.
+        let err = r.stderr_text();
+        let at = |needle: &str| {
+            err.find(needle)
+                .unwrap_or_else(|| panic!("{mode:?}: no {needle:?} in {err}"))
+        };
+        assert!(
+            at("drain started by SIGTERM") < at("forwarded SIGTERM to"),
+            "{mode:?}: {err}"
+        );
     }
 }
 
