@@ -295,3 +295,33 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     drop(socks);
     assert!(code == 0 || code == 2, "{}", r.stderr_text());
 }
+
+/// A client that sends its last frame and half-closes (shuts its write side:
+/// "no more from me", as Docker's hijacked connections do) still gets what the
+/// app sends after: the tunnel passes the end on to the app and keeps the other
+/// direction open until the app ends it too. Before, the client's end tore down
+/// both directions at once and the app's answer to that last frame was lost.
+#[test]
+fn a_client_that_half_closes_still_gets_the_apps_answer() {
+    let (mut r, port) = replica(&[]);
+    let mut s = ws_open(port).expect("the WebSocket handshake through the proxy");
+    // A masked text frame "hello" (mask 0: the payload as is), then our end.
+    s.write_all(&[0x81, 0x85, 0, 0, 0, 0, b'h', b'e', b'l', b'l', b'o'])
+        .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        got.starts_with(&[0x81, 0x05, b'h', b'e', b'l', b'l', b'o']),
+        "the app's echo was lost: {got:?}\n{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    let rep = r.report();
+    let q = ledger(&rep);
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
+    assert_eq!(num(&rep, "streams.completed"), 1, "{rep}");
+}
