@@ -1486,8 +1486,19 @@ fn expects_continue(h: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
 }
 
+/// The request asks to switch protocols (`Connection: upgrade` and `Upgrade`).
+/// `Upgrade: h2c` alone is not passed on as one: the HTTP/1.1 to HTTP/2 upgrade
+/// of RFC 7540 §3.2 was removed by RFC 9113 §3.1 (HTTP/2 comes by prior
+/// knowledge here), and the requests of an HTTP/2 connection inside a tunnel
+/// would escape the ledger and be cut at beat 3. The request is served as
+/// HTTP/1.1, its `Upgrade` and `HTTP2-Settings` dropped as hop-by-hop fields.
 fn wants_upgrade(h: &HeaderMap) -> bool {
+    let only_h2c = h.get_all(header::UPGRADE).iter().all(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').all(|t| t.trim().eq_ignore_ascii_case("h2c")))
+    });
     h.contains_key(header::UPGRADE)
+        && !only_h2c
         && h.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|s| {
                 s.split(',')
@@ -1768,6 +1779,26 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn an_h2c_upgrade_is_no_upgrade_and_its_fields_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, HTTP2-Settings"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        h.insert(
+            "http2-settings",
+            HeaderValue::from_static("AAMAAABkAAQAAP__"),
+        );
+        assert!(!wants_upgrade(&h));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket, h2c"));
+        assert!(wants_upgrade(&h));
     }
 
     #[test]

@@ -340,3 +340,54 @@ fn a_request_on_a_new_connection_after_beat_3_is_rejected_with_503() {
     assert!(!px.log().contains("recv GET /ok"), "{}", px.ctx());
     assert_eq!(counts(&rep)[..7], [2, 1, 1, 1, 0, 0, 0], "{rep}");
 }
+
+/// Rapid reset (CVE-2023-44487, paced so that each stream is taken up first):
+/// one client opens and cancels 6000 requests while another client's request
+/// is in flight on the same upstream HTTP/2 connection. Every canceled request
+/// is `canceled`, and the other client's request completes: before, the app
+/// answering a stream drainit had already canceled made h2 reset it, and at
+/// 1024 such resets (counted over the connection's life) h2 closed the shared
+/// connection, cutting every client's request on it (502 or a reset, `unknown`).
+#[test]
+fn a_client_canceling_thousands_of_streams_never_cuts_another_clients_request() {
+    let mut px = start_px();
+    let port = px.port;
+    let victim = std::thread::spawn(move || {
+        Command::new("timeout")
+            .args(["30", "nghttp", "-v"])
+            .arg(format!("http://127.0.0.1:{port}/slow?ms=12000"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running nghttp")
+    });
+    assert!(
+        wait_until(secs(5), || px.log().contains("recv GET /slow?ms=12000")),
+        "the other client's request never reached the app{}",
+        px.ctx()
+    );
+    let raw = Command::new("timeout")
+        .args(["25", python()])
+        .arg(fixture("h2raw.py"))
+        .args(["--port", &port.to_string()])
+        .args(["--first", "/slow?ms=2000", "--cancel", "6000"])
+        .output()
+        .expect("running h2raw.py");
+    let raw_out = out_of(&raw);
+    let victim = victim.join().unwrap();
+    let v_out = out_of(&victim);
+    let ctx = format!("\nh2raw:\n{raw_out}\nnghttp:\n{v_out}");
+    assert!(raw_out.contains("canceled n=6000"), "{ctx}{}", px.ctx());
+    assert!(victim.status.success(), "{ctx}{}", px.ctx());
+    assert!(
+        v_out.contains(":status: 200") && v_out.contains("\nslow\n") || v_out.contains("slow\n["),
+        "the other client's request was cut{ctx}"
+    );
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(10));
+    let q = ledger(&rep);
+    assert_eq!(num(q, "received"), 6001, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert_eq!(num(q, "canceled"), 6000, "{q}");
+    assert_eq!(num(q, "unknown"), 0, "{q}");
+    assert_eq!(code, 0, "{q}");
+}

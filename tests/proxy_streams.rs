@@ -295,3 +295,84 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     drop(socks);
     assert!(code == 0 || code == 2, "{}", r.stderr_text());
 }
+
+/// A client that sends its last frame and half-closes (shuts its write side:
+/// "no more from me", as Docker's hijacked connections do) still gets what the
+/// app sends after: the tunnel passes the end on to the app and keeps the other
+/// direction open until the app ends it too. Before, the client's end tore down
+/// both directions at once and the app's answer to that last frame was lost.
+#[test]
+fn a_client_that_half_closes_still_gets_the_apps_answer() {
+    let (mut r, port) = replica(&[]);
+    let mut s = ws_open(port).expect("the WebSocket handshake through the proxy");
+    // A masked text frame "hello" (mask 0: the payload as is), then our end.
+    s.write_all(&[0x81, 0x85, 0, 0, 0, 0, b'h', b'e', b'l', b'l', b'o'])
+        .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        got.starts_with(&[0x81, 0x05, b'h', b'e', b'l', b'l', b'o']),
+        "the app's echo was lost: {got:?}\n{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    let rep = r.report();
+    let q = ledger(&rep);
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
+    assert_eq!(num(&rep, "streams.completed"), 1, "{rep}");
+}
+
+/// `Upgrade: h2c` on an HTTP/1.1 request (RFC 7540 §3.2, removed by RFC 9113
+/// §3.1) is not passed on as an upgrade: the app gets a plain HTTP/1.1 request
+/// without `Upgrade`, `HTTP2-Settings` or `Connection: upgrade`, answers it,
+/// and it is a completed request, not a stream. Before, the app got `Upgrade:
+/// h2c` and `Connection: upgrade` without the `HTTP2-Settings` the upgrade
+/// needs, and an app that switched would have carried HTTP/2 requests in a
+/// tunnel the ledger never sees.
+#[test]
+fn an_h2c_upgrade_is_served_as_http1_without_its_upgrade_fields() {
+    let (mut r, port) = replica(&[]);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"GET /echo-headers HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    )
+    .unwrap();
+    // The head, then the body's Content-Length bytes (the connection stays open).
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    let whole = |got: &[u8]| {
+        let text = String::from_utf8_lossy(got).to_lowercase();
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        head.lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .is_some_and(|n| body.len() >= n)
+    };
+    while !whole(&got) {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+        }
+    }
+    let got = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(got.starts_with("http/1.1 200"), "{got}");
+    let body = got.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    for field in ["\"upgrade\"", "\"http2-settings\"", "\"connection\""] {
+        assert!(!body.contains(field), "the app got {field}: {body}");
+    }
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    let rep = r.report();
+    let q = ledger(&rep);
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert_eq!(num(&rep, "streams.opened"), 0, "{rep}");
+}

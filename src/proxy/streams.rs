@@ -197,8 +197,9 @@ pub enum Ended {
     ByDrain,
 }
 
-/// Copies both halves of an upgraded connection until either side closes, or
-/// until `close` yields; then, for a WebSocket (`websocket`), a close frame
+/// Copies both halves of an upgraded connection until both sides have ended
+/// (one side's end, a half-close, is passed on to the other, whose answer
+/// still flows back until it ends too), or until `close` yields; then, for a WebSocket (`websocket`), a close frame
 /// (1001) goes each way at a frame boundary before both are shut; any other
 /// upgrade is shut as is.
 ///
@@ -249,6 +250,9 @@ where
     let mut abuf = vec![0u8; 16 * 1024];
     let mut closing: Option<tokio::time::Instant> = None;
     let (mut client_closed, mut app_closed) = (false, false);
+    // A side that ended its half (EOF): the other side's writer was shut
+    // after it, and what that side still sends flows on until it ends too.
+    let (mut client_ended, mut app_ended) = (false, false);
     loop {
         if let Some(since) = closing {
             let due = since.elapsed() >= BOUNDARY_WAIT;
@@ -271,8 +275,8 @@ where
                     let (mut b1, mut b2) = ([0u8; 512], [0u8; 512]);
                     loop {
                         tokio::select! {
-                            r = cr.read(&mut b1) => if matches!(r, Ok(0) | Err(_)) { break },
-                            r = ar.read(&mut b2) => if matches!(r, Ok(0) | Err(_)) { break },
+                            r = cr.read(&mut b1), if !client_ended => if matches!(r, Ok(0) | Err(_)) { break },
+                            r = ar.read(&mut b2), if !app_ended => if matches!(r, Ok(0) | Err(_)) { break },
                         }
                     }
                 };
@@ -286,7 +290,16 @@ where
                 closing = Some(tokio::time::Instant::now());
             }
             r = cr.read(&mut cbuf), if !app_closed => match r {
-                Ok(0) | Err(_) => {
+                Ok(0) => {
+                    let _ = aw.shutdown().await;
+                    client_ended = true;
+                    // Nothing more goes to the app: no close frame either.
+                    app_closed = true;
+                    if app_ended {
+                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    }
+                }
+                Err(_) => {
                     let _ = aw.shutdown().await;
                     return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
                 }
@@ -298,7 +311,16 @@ where
                 }
             },
             r = ar.read(&mut abuf), if !client_closed => match r {
-                Ok(0) | Err(_) => {
+                Ok(0) => {
+                    let _ = cw.shutdown().await;
+                    app_ended = true;
+                    // Nothing more goes to the client: no close frame either.
+                    client_closed = true;
+                    if client_ended {
+                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    }
+                }
+                Err(_) => {
                     let _ = cw.shutdown().await;
                     return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
                 }

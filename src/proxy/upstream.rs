@@ -463,6 +463,14 @@ impl Multiplexed {
         let (send, connection) =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())
+                // h2 counts, over the connection's whole life, the streams it
+                // resets itself (a frame from the app on a stream drainit
+                // canceled and no longer remembers) and closes the connection
+                // at 1024 (a guard against a hostile peer, CVE-2025-8671). The
+                // peer here is the app, and every client's cancels add to the
+                // one shared connection: the limit would cut every client's
+                // requests on it (502, `unknown`) each 1024 cancels.
+                .max_local_error_reset_streams(None)
                 .handshake(TokioIo::new(tcp))
                 .await
                 .map_err(|e| SendError::unreached(format!("HTTP/2 to {addr}: {e}")))?;
