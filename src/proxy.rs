@@ -1045,9 +1045,23 @@ async fn handle(
     } else {
         None
     };
-    if let Some(text) = malformed {
+    // drainit is a reverse proxy, not a forward one: a `CONNECT` (RFC 9110
+    // §9.3.6) asks for a tunnel to another host, which it does not relay (sent
+    // on, an app's 2xx left the client a 200 and a closed connection). 501,
+    // never sent to the app, counted `malformed`.
+    let refused = if let Some(text) = malformed {
+        Some((StatusCode::BAD_REQUEST, text))
+    } else if req.method() == Method::CONNECT {
+        Some((
+            StatusCode::NOT_IMPLEMENTED,
+            "501 not implemented: CONNECT (drainit is no forward proxy)\n",
+        ))
+    } else {
+        None
+    };
+    if let Some((status, text)) = refused {
         shared.ledger.malformed();
-        let mut r = local(StatusCode::BAD_REQUEST, text, gate, version);
+        let mut r = local(status, text, gate, version);
         if !h2 {
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -1486,7 +1500,8 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 
 /// RFC 9110 §7.6.1: `Connection`, the fields it names, and the hop-by-hop fields
 /// (`Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`) are
-/// not forwarded; hyper frames the body itself. An upgrade keeps `Upgrade` and
+/// not forwarded; hyper frames the body itself (so a `Content-Length` beside a
+/// `Transfer-Encoding` goes too, RFC 9112 §6.3). An upgrade keeps `Upgrade` and
 /// `Connection: upgrade`.
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // One pass over the names finds the hop-by-hop fields present (most
@@ -1520,6 +1535,13 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
         for n in named {
             h.remove(n);
         }
+    }
+    // RFC 9112 §6.3: a message framed by `Transfer-Encoding` that also has a
+    // `Content-Length` (an app that sets both) is chunked, and a proxy drops
+    // the length before forwarding it: hyper frames the body again, and a
+    // length left behind would promise the client another size than it gets.
+    if present.contains(&Some(header::TRANSFER_ENCODING)) {
+        h.remove(header::CONTENT_LENGTH);
     }
     for n in present.into_iter().flatten() {
         if !(upgrading && n == header::UPGRADE) {

@@ -1,0 +1,170 @@
+//! The admission proxy against edge cases (DESIGN §11), black box: the real binary
+//! in front of tests/fixtures/rawapp.py, an app written at the socket level that
+//! answers what a well-behaved HTTP server never would, and clients that write raw
+//! bytes. What a client got, what the app received, what the exit report says
+//! (every report checked against the ledger's equations, `ledger`).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// drainit with `--proxy` in front of rawapp.py, ready.
+struct Edge {
+    r: Running,
+    port: u16,
+}
+
+impl Edge {
+    fn start() -> Edge {
+        for _ in 0..3 {
+            let [port, app, probe] = free_ports();
+            let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+            let probe_addr = format!("127.0.0.1:{probe}");
+            let ready = format!("127.0.0.1:{app}");
+            let app_port = app.to_string();
+            let rawapp = fixture("rawapp.py");
+            let args = [
+                "--probe-addr",
+                &probe_addr,
+                "--proxy",
+                &proxy,
+                "--ready-tcp",
+                &ready,
+                "--pre-drain-delay",
+                "0s",
+                "--drain-timeout",
+                "5s",
+                "--",
+                python(),
+                &rawapp,
+                "--port",
+                &app_port,
+                "--log",
+                "$TMP/app.log",
+            ];
+            let r = Running::start(Mode::Subreaper, &args);
+            if wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200) {
+                return Edge { r, port };
+            }
+            // A port taken by someone else between free_ports and the bind.
+            eprintln!("not ready, retrying:\n{}", r.stderr_text());
+        }
+        panic!("drainit in front of rawapp.py never became ready");
+    }
+
+    /// Writes `req` on a new connection and reads until the peer closes (or 5 s).
+    fn exchange(&self, req: &[u8]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.write_all(req).unwrap();
+        read_to_close(&mut s)
+    }
+
+    /// The request lines the app received.
+    fn app_log(&self) -> String {
+        std::fs::read_to_string(self.r.path("app.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, the exit code, and the report's checked ledger.
+    fn drain(mut self) -> (i32, Value) {
+        self.r.signal(15);
+        let (code, _) = self.r.wait(secs(10));
+        let rep = self.r.report();
+        ledger(&rep);
+        (code, rep["requests"].clone())
+    }
+}
+
+/// Reads until EOF, a reset or 5 s; what came, lossily as text.
+fn read_to_close(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let end = Instant::now() + secs(5);
+    let mut got = Vec::new();
+    let mut b = [0u8; 8192];
+    while Instant::now() < end {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Reads until `text` has come (or 5 s).
+fn read_until(s: &mut TcpStream, text: &str) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let end = Instant::now() + secs(5);
+    let mut got = Vec::new();
+    let mut b = [0u8; 8192];
+    while Instant::now() < end && !String::from_utf8_lossy(&got).contains(text) {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn a_response_with_both_transfer_encoding_and_content_length_reaches_the_client_whole() {
+    // RFC 9112 §6.3: the chunked framing wins, and a proxy drops the length
+    // before forwarding. Forwarding it promised the client 3 bytes of an
+    // 8-byte body: the client got a cut or overlong response, and the
+    // connection was lost, while the ledger said `completed`.
+    let e = Edge::start();
+    let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    s.write_all(b"GET /both-lengths HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let first = read_until(&mut s, "0\r\n\r\n");
+    let head = first.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{first:?}");
+    assert!(!head.contains("content-length:"), "{first:?}");
+    assert!(head.contains("transfer-encoding: chunked"), "{first:?}");
+    assert!(
+        first.ends_with("\r\n\r\n8\r\nall here\r\n0\r\n\r\n"),
+        "{first:?}"
+    );
+    // The connection is still good for the next request.
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let second = read_to_close(&mut s);
+    assert!(second.ends_with("echo GET /next"), "{second:?}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), 2, "{q}");
+}
+
+#[test]
+fn a_connect_is_refused_with_501_and_never_reaches_the_app() {
+    // drainit is a reverse proxy: a CONNECT asks for a tunnel to another host.
+    // Sent on, an app that answered 2xx left the client a 200 and a closed
+    // connection (nobody relayed the tunnel), counted `completed`.
+    let e = Edge::start();
+    let got = e.exchange(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n");
+    let head = got.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 501"), "{got:?}");
+    assert!(head.contains("connection: close"), "{got:?}");
+    assert!(!got.contains("TUNNEL"), "{got:?}");
+    // The next request is served as usual.
+    let ok = e.exchange(b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(ok.ends_with("echo GET /after"), "{ok:?}");
+    let log = e.app_log();
+    assert!(!log.contains("CONNECT"), "the app got the CONNECT:\n{log}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "malformed"), 1, "{q}");
+    assert_eq!(num(&q, "received"), 1, "{q}");
+    assert_eq!(num(&q, "completed"), 1, "{q}");
+}
