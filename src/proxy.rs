@@ -1042,6 +1042,18 @@ async fn handle(
             .eq_ignore_ascii_case(authority.as_str().as_bytes())
     {
         Some("400 bad request: Host differs from :authority\n")
+    } else if !h2
+        && req.uri().scheme().is_none()
+        && req.uri().authority().is_some()
+        && req.method() != Method::CONNECT
+    {
+        // RFC 9112 §3.2.3: the authority form (`GET example.com:80`) is
+        // CONNECT's only; sent on, the app got `GET /` with that authority as
+        // its `Host`, in place of the client's.
+        Some("400 bad request: an authority-form target is for CONNECT only\n")
+    } else if !h2 && req.uri() == "*" && req.method() != Method::OPTIONS {
+        // RFC 9112 §3.2.4: the asterisk form is OPTIONS's only.
+        Some("400 bad request: an asterisk-form target is for OPTIONS only\n")
     } else {
         None
     };
@@ -1262,6 +1274,25 @@ async fn handle(
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
         return Response::from_parts(parts, ProxyBody::plain(Inner::Upstream(body)));
+    }
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // A 101 to a request that asked for no upgrade (RFC 9110 §15.2.2: the
+        // app's error). Passed on, the client got a 101 and then nothing, counted
+        // `completed`. The app got the request: `unknown`, a 502; its
+        // connection is not reused.
+        if let Some(l) = lease {
+            l.upgraded();
+        }
+        drop(resp);
+        admitted.settle(Outcome::Unknown);
+        drop(admitted);
+        shared.settled();
+        return local(
+            StatusCode::BAD_GATEWAY,
+            "502 bad gateway: the app switched protocols without an upgrade asked\n",
+            shared.gate(),
+            version,
+        );
     }
     let event_stream = !is_head
         && resp.status() == StatusCode::OK

@@ -168,3 +168,49 @@ fn a_connect_is_refused_with_501_and_never_reaches_the_app() {
     assert_eq!(num(&q, "received"), 1, "{q}");
     assert_eq!(num(&q, "completed"), 1, "{q}");
 }
+
+#[test]
+fn a_101_to_a_request_that_asked_for_no_upgrade_is_a_502_and_unknown() {
+    // RFC 9110 §15.2.2: an app may switch only to a protocol the client asked
+    // for. Passed on, the client got a 101 and then nothing, counted `completed`.
+    let e = Edge::start();
+    let got = e.exchange(b"GET /upgrade-unasked HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(got.starts_with("HTTP/1.1 502"), "{got:?}");
+    assert!(!got.contains("RAW"), "{got:?}");
+    let (code, q) = e.drain();
+    // Lost before T0: in the ledger, the drain itself is clean.
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "unknown"), 1, "{q}");
+    assert_eq!(num(&q, "completed"), 0, "{q}");
+    assert_eq!(text(&q["lost"][0], "path"), "/upgrade-unasked", "{q}");
+}
+
+#[test]
+fn authority_and_asterisk_form_targets_of_other_methods_get_400() {
+    // RFC 9112 §3.2.3, §3.2.4: `example.com:80` is CONNECT's target form, `*`
+    // OPTIONS's. Sent on, `GET evil.example:80` reached the app as `GET /` with
+    // `Host: evil.example:80` in place of the client's; `GET *` as `GET *`.
+    let e = Edge::start();
+    for req in [
+        &b"GET evil.example:80 HTTP/1.1\r\nHost: good.example\r\n\r\n"[..],
+        b"POST other HTTP/1.1\r\nHost: good.example\r\nContent-Length: 0\r\n\r\n",
+        b"GET * HTTP/1.1\r\nHost: good.example\r\n\r\n",
+    ] {
+        let got = e.exchange(req);
+        let what = String::from_utf8_lossy(req);
+        assert!(got.starts_with("HTTP/1.1 400"), "{what:?}: {got:?}");
+        assert!(
+            got.to_ascii_lowercase().contains("connection: close"),
+            "{what:?}: {got:?}"
+        );
+    }
+    // OPTIONS * still reaches the app.
+    let ok = e.exchange(b"OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(ok.ends_with("echo OPTIONS *"), "{ok:?}");
+    let log = e.app_log();
+    assert_eq!(log.lines().count(), 1, "the app got a bad target:\n{log}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "malformed"), 3, "{q}");
+    assert_eq!(num(&q, "completed"), 1, "{q}");
+}
