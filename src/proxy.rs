@@ -105,6 +105,13 @@ pub const RETRY_AFTER_S: u32 = 1;
 /// (their app is gone) before drainit cuts them; after a forward, also how long
 /// a connection whose first request is not answered yet gets for its 503.
 pub const STOP_SETTLE: Duration = Duration::from_millis(200);
+/// At an exit after the forward, within [`STOP_SETTLE`]: drainit keeps
+/// accepting until this long has passed since the forward and since the last
+/// connection came. The forward closes idle keep-alive connections, and a
+/// client with a request to send reconnects at once: an app that dies at the
+/// forward would otherwise make drainit exit before accepting those
+/// connections, and the kernel reset them with their requests unanswered.
+pub const STOP_QUIET: Duration = Duration::from_millis(50);
 /// After the forward, a connection that has sent nothing yet gets this long to
 /// send its first request before it is closed as idle: a client that connected
 /// a moment before the forward (it was told `Connection: close` and reopened)
@@ -148,12 +155,28 @@ struct Shared {
     unanswered: AtomicUsize,
     /// The ways to the app (its HTTP/1 pool, its HTTP/2 client).
     clients: Clients,
+    /// When the last connection was accepted or the drain signal forwarded,
+    /// in ms since `born` ([`STOP_QUIET`]).
+    stirred_ms: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 impl Shared {
     fn gate(&self) -> Gate {
         // SeqCst with the ledger's in-flight count: see `handle`.
         Gate::from_u8(self.gate.load(SeqCst))
+    }
+
+    /// A connection was accepted, or the drain signal forwarded, now.
+    fn stir(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.stirred_ms.fetch_max(ms, SeqCst);
+    }
+
+    /// [`STOP_QUIET`] has passed since [`Shared::stir`] was last called.
+    fn still(&self) -> bool {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        ms.saturating_sub(self.stirred_ms.load(SeqCst)) >= STOP_QUIET.as_millis() as u64
     }
 
     /// No admitted request in flight and no stream open.
@@ -296,6 +319,8 @@ impl Proxy {
                 spread,
                 unanswered: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
+                stirred_ms: std::sync::atomic::AtomicU64::new(0),
+                born: Instant::now(),
             }));
         shared.ledger.set_epoch(Instant::now());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -374,6 +399,9 @@ impl Proxy {
         if gate >= Gate::Closing {
             s.ledger.mark_t0();
         }
+        if gate >= Gate::Forwarded {
+            s.stir();
+        }
         if gate >= Gate::Closed && prev < Gate::Closed {
             // No request will need a pooled connection to the app any more.
             s.clients.h1.close_idle();
@@ -422,7 +450,8 @@ impl Proxy {
     /// listener and every connection are closed. Returns when the thread has
     /// settled every request (a few ms; at most [`STOP_SETTLE`] more while a
     /// request is in flight or, after a forward, a connection's first request
-    /// is unanswered).
+    /// is unanswered or [`STOP_QUIET`] has not passed since the forward or the
+    /// last connection).
     pub fn stop(&mut self) {
         // An app that died by itself took its requests with it: their upstream
         // connections are reset, and the proxy thread settles them (`unknown`,
@@ -431,11 +460,15 @@ impl Proxy {
         // After a forward, so do the connections that have not had their first
         // request answered: one opened just before the forward may be sending its
         // request now (OPENING_GRACE), and it needs only drainit's 503, not the app.
+        // And the clients whose idle connection the forward closed, reconnecting
+        // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
+        // queue at the exit, a reset.
         let ledger = &self.shared.ledger;
         let forwarded = self.shared.gate() >= Gate::Forwarded;
         let until = Instant::now() + STOP_SETTLE;
         while !ledger.cutting()
-            && (ledger.in_flight() > 0 || (forwarded && self.shared.unanswered.load(SeqCst) > 0))
+            && (ledger.in_flight() > 0
+                || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(1));
@@ -492,6 +525,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
+        shared.stir();
         // Given back when the connection and every tunnel it became are closed.
         tokio::spawn(connection(
             tcp,

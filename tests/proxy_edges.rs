@@ -214,3 +214,57 @@ fn authority_and_asterisk_form_targets_of_other_methods_get_400() {
     assert_eq!(num(&q, "malformed"), 3, "{q}");
     assert_eq!(num(&q, "completed"), 1, "{q}");
 }
+
+#[test]
+fn clients_that_reconnect_when_the_forward_closes_their_idle_connection_get_the_503() {
+    // The forward closes idle keep-alive connections; a client with a request
+    // to send reconnects at once and writes it (a pool, a load balancer that
+    // does not look at readiness). An app that dies at the forward (rawapp.py
+    // has no SIGTERM handler) made drainit exit within a millisecond or two,
+    // before it had accepted those connections: they were reset with their
+    // request unanswered, not counted anywhere.
+    let e = Edge::start();
+    let n = 8;
+    let clients: Vec<_> = (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+            s.write_all(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let got = read_until(&mut s, "echo GET /first");
+            assert!(got.ends_with("echo GET /first"), "{got:?}");
+            let port = e.port;
+            std::thread::spawn(move || {
+                // Idle until the forward closes it, then at once a new one.
+                let closed = read_to_close(&mut s);
+                assert!(closed.is_empty(), "{closed:?}");
+                let Ok(mut again) = TcpStream::connect(("127.0.0.1", port)) else {
+                    return "refused".to_string();
+                };
+                if again
+                    .write_all(b"GET /second HTTP/1.1\r\nHost: a\r\n\r\n")
+                    .is_err()
+                {
+                    return "reset".to_string();
+                }
+                let got = read_to_close(&mut again);
+                if got.is_empty() {
+                    "reset".to_string()
+                } else {
+                    got.lines().next().unwrap_or_default().to_string()
+                }
+            })
+        })
+        .collect();
+    let (code, q) = e.drain();
+    let got: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for g in &got {
+        assert!(
+            g == "refused" || g.starts_with("HTTP/1.1 503"),
+            "a reconnecting client got {g:?}: {got:?}\n{q}"
+        );
+    }
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), n, "{q}");
+    let answered = got.iter().filter(|g| g.starts_with("HTTP/1.1 503")).count() as i64;
+    assert_eq!(num(&q, "rejected"), answered, "{got:?} {q}");
+}
