@@ -998,7 +998,11 @@ impl Body for ProxyBody {
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
             Poll::Ready(Some(Err(_))) => this.settle(Outcome::Unknown),
-            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.settle(Outcome::Completed),
+            // Trailers are a body's last frame, and hyper's HTTP/1 server asks
+            // for nothing after them (the body's own end is never seen).
+            Poll::Ready(Some(Ok(f))) if f.is_trailers() || this.is_end_stream() => {
+                this.settle(Outcome::Completed);
+            }
             _ => {}
         }
         polled

@@ -268,3 +268,21 @@ fn clients_that_reconnect_when_the_forward_closes_their_idle_connection_get_the_
     let answered = got.iter().filter(|g| g.starts_with("HTTP/1.1 503")).count() as i64;
     assert_eq!(num(&q, "rejected"), answered, "{got:?} {q}");
 }
+
+#[test]
+fn a_chunked_response_with_trailers_is_completed_not_canceled() {
+    // hyper ends a response at its trailers without asking the body for more:
+    // the response went out whole, yet the request was counted `canceled`.
+    let e = Edge::start();
+    let got = e.exchange(
+        b"GET /trailers HTTP/1.1\r\nHost: a\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    );
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
+    let got = e.exchange(b"GET /trailers HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), 2, "{q}");
+    assert_eq!(num(&q, "canceled"), 0, "{q}");
+}
