@@ -1623,7 +1623,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
 }
 
 /// How many names [`is_hop_by_hop`] knows.
-const HOP_BY_HOP: usize = 7;
+const HOP_BY_HOP: usize = 6;
 
 /// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites):
 /// one of [`HOP_BY_HOP`] names.
@@ -1633,7 +1633,9 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     let n = name.as_str();
     match n.len() {
         2 => n == "te",
-        7 => n == "trailer" || n == "upgrade",
+        // `Trailer` is end to end (RFC 9110 §6.6.2), and hyper sends a
+        // response's trailers only when it names them.
+        7 => n == "upgrade",
         10 => n == "connection" || n == "keep-alive",
         16 => n == "proxy-connection",
         17 => n == "transfer-encoding",
@@ -1835,7 +1837,6 @@ mod tests {
             "connection",
             "te",
             "transfer-encoding",
-            "trailer",
             "upgrade",
             "keep-alive",
             "proxy-connection",

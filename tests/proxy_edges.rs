@@ -270,7 +270,7 @@ fn clients_that_reconnect_when_the_forward_closes_their_idle_connection_get_the_
 }
 
 #[test]
-fn a_chunked_response_with_trailers_is_completed_not_canceled() {
+fn a_chunked_response_with_trailers_is_completed_and_its_trailers_reach_the_client() {
     // hyper ends a response at its trailers without asking the body for more:
     // the response went out whole, yet the request was counted `canceled`.
     let e = Edge::start();
@@ -279,6 +279,13 @@ fn a_chunked_response_with_trailers_is_completed_not_canceled() {
     );
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
+    // A client that accepts trailers (`TE: trailers`) gets them: `Trailer` is
+    // end to end (RFC 9110 §6.6.2), and hyper sends only the trailers a
+    // response's `Trailer` names. It used to be dropped as hop-by-hop.
+    assert!(
+        got.to_ascii_lowercase().ends_with("0\r\nx-sum: 1\r\n\r\n"),
+        "{got:?}"
+    );
     let got = e.exchange(b"GET /trailers HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
     assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
     let (code, q) = e.drain();
