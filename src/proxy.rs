@@ -105,6 +105,13 @@ pub const RETRY_AFTER_S: u32 = 1;
 /// (their app is gone) before drainit cuts them; after a forward, also how long
 /// a connection whose first request is not answered yet gets for its 503.
 pub const STOP_SETTLE: Duration = Duration::from_millis(200);
+/// At an exit after the forward, within [`STOP_SETTLE`]: drainit keeps
+/// accepting until this long has passed since the forward and since the last
+/// connection came. The forward closes idle keep-alive connections, and a
+/// client with a request to send reconnects at once: an app that dies at the
+/// forward would otherwise make drainit exit before accepting those
+/// connections, and the kernel reset them with their requests unanswered.
+pub const STOP_QUIET: Duration = Duration::from_millis(50);
 /// After the forward, a connection that has sent nothing yet gets this long to
 /// send its first request before it is closed as idle: a client that connected
 /// a moment before the forward (it was told `Connection: close` and reopened)
@@ -148,12 +155,28 @@ struct Shared {
     unanswered: AtomicUsize,
     /// The ways to the app (its HTTP/1 pool, its HTTP/2 client).
     clients: Clients,
+    /// When the last connection was accepted or the drain signal forwarded,
+    /// in ms since `born` ([`STOP_QUIET`]).
+    stirred_ms: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 impl Shared {
     fn gate(&self) -> Gate {
         // SeqCst with the ledger's in-flight count: see `handle`.
         Gate::from_u8(self.gate.load(SeqCst))
+    }
+
+    /// A connection was accepted, or the drain signal forwarded, now.
+    fn stir(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.stirred_ms.fetch_max(ms, SeqCst);
+    }
+
+    /// [`STOP_QUIET`] has passed since [`Shared::stir`] was last called.
+    fn still(&self) -> bool {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        ms.saturating_sub(self.stirred_ms.load(SeqCst)) >= STOP_QUIET.as_millis() as u64
     }
 
     /// No admitted request in flight and no stream open.
@@ -296,6 +319,8 @@ impl Proxy {
                 spread,
                 unanswered: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
+                stirred_ms: std::sync::atomic::AtomicU64::new(0),
+                born: Instant::now(),
             }));
         shared.ledger.set_epoch(Instant::now());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -374,6 +399,9 @@ impl Proxy {
         if gate >= Gate::Closing {
             s.ledger.mark_t0();
         }
+        if gate >= Gate::Forwarded {
+            s.stir();
+        }
         if gate >= Gate::Closed && prev < Gate::Closed {
             // No request will need a pooled connection to the app any more.
             s.clients.h1.close_idle();
@@ -431,7 +459,8 @@ impl Proxy {
     /// listener and every connection are closed. Returns when the thread has
     /// settled every request (a few ms; at most [`STOP_SETTLE`] more while a
     /// request is in flight or, after a forward, a connection's first request
-    /// is unanswered).
+    /// is unanswered or [`STOP_QUIET`] has not passed since the forward or the
+    /// last connection).
     pub fn stop(&mut self) {
         // An app that died by itself took its requests with it: their upstream
         // connections are reset, and the proxy thread settles them (`unknown`,
@@ -440,11 +469,15 @@ impl Proxy {
         // After a forward, so do the connections that have not had their first
         // request answered: one opened just before the forward may be sending its
         // request now (OPENING_GRACE), and it needs only drainit's 503, not the app.
+        // And the clients whose idle connection the forward closed, reconnecting
+        // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
+        // queue at the exit, a reset.
         let ledger = &self.shared.ledger;
         let forwarded = self.shared.gate() >= Gate::Forwarded;
         let until = Instant::now() + STOP_SETTLE;
         while !ledger.cutting()
-            && (ledger.in_flight() > 0 || (forwarded && self.shared.unanswered.load(SeqCst) > 0))
+            && (ledger.in_flight() > 0
+                || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(1));
@@ -501,6 +534,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: &'static Shared) {
             }
         };
         let _ = tcp.set_nodelay(true);
+        shared.stir();
         // Given back when the connection and every tunnel it became are closed.
         tokio::spawn(connection(
             tcp,
@@ -973,7 +1007,11 @@ impl Body for ProxyBody {
         match &polled {
             Poll::Ready(None) => this.settle(Outcome::Completed),
             Poll::Ready(Some(Err(_))) => this.settle(Outcome::Unknown),
-            Poll::Ready(Some(Ok(_))) if this.is_end_stream() => this.settle(Outcome::Completed),
+            // Trailers are a body's last frame, and hyper's HTTP/1 server asks
+            // for nothing after them (the body's own end is never seen).
+            Poll::Ready(Some(Ok(f))) if f.is_trailers() || this.is_end_stream() => {
+                this.settle(Outcome::Completed);
+            }
             _ => {}
         }
         polled
@@ -1051,12 +1089,38 @@ async fn handle(
             .eq_ignore_ascii_case(authority.as_str().as_bytes())
     {
         Some("400 bad request: Host differs from :authority\n")
+    } else if !h2
+        && req.uri().scheme().is_none()
+        && req.uri().authority().is_some()
+        && req.method() != Method::CONNECT
+    {
+        // RFC 9112 §3.2.3: the authority form (`GET example.com:80`) is
+        // CONNECT's only; sent on, the app got `GET /` with that authority as
+        // its `Host`, in place of the client's.
+        Some("400 bad request: an authority-form target is for CONNECT only\n")
+    } else if !h2 && req.uri() == "*" && req.method() != Method::OPTIONS {
+        // RFC 9112 §3.2.4: the asterisk form is OPTIONS's only.
+        Some("400 bad request: an asterisk-form target is for OPTIONS only\n")
     } else {
         None
     };
-    if let Some(text) = malformed {
+    // drainit is a reverse proxy, not a forward one: a `CONNECT` (RFC 9110
+    // §9.3.6) asks for a tunnel to another host, which it does not relay (sent
+    // on, an app's 2xx left the client a 200 and a closed connection). 501,
+    // never sent to the app, counted `malformed`.
+    let refused = if let Some(text) = malformed {
+        Some((StatusCode::BAD_REQUEST, text))
+    } else if req.method() == Method::CONNECT {
+        Some((
+            StatusCode::NOT_IMPLEMENTED,
+            "501 not implemented: CONNECT (drainit is no forward proxy)\n",
+        ))
+    } else {
+        None
+    };
+    if let Some((status, text)) = refused {
         shared.ledger.malformed();
-        let mut r = local(StatusCode::BAD_REQUEST, text, gate, version);
+        let mut r = local(status, text, gate, version);
         if !h2 {
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -1260,6 +1324,25 @@ async fn handle(
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
         return Response::from_parts(parts, ProxyBody::plain(Inner::Upstream(body)));
+    }
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // A 101 to a request that asked for no upgrade (RFC 9110 §15.2.2: the
+        // app's error). Passed on, the client got a 101 and then nothing, counted
+        // `completed`. The app got the request: `unknown`, a 502; its
+        // connection is not reused.
+        if let Some(l) = lease {
+            l.upgraded();
+        }
+        drop(resp);
+        admitted.settle(Outcome::Unknown);
+        drop(admitted);
+        shared.settled();
+        return local(
+            StatusCode::BAD_GATEWAY,
+            "502 bad gateway: the app switched protocols without an upgrade asked\n",
+            shared.gate(),
+            version,
+        );
     }
     let event_stream = !is_head
         && resp.status() == StatusCode::OK
@@ -1509,7 +1592,8 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
 
 /// RFC 9110 §7.6.1: `Connection`, the fields it names, and the hop-by-hop fields
 /// (`Proxy-Connection`, `Keep-Alive`, `TE`, `Transfer-Encoding`, `Upgrade`) are
-/// not forwarded; hyper frames the body itself. An upgrade keeps `Upgrade` and
+/// not forwarded; hyper frames the body itself (so a `Content-Length` beside a
+/// `Transfer-Encoding` goes too, RFC 9112 §6.3). An upgrade keeps `Upgrade` and
 /// `Connection: upgrade`.
 fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // One pass over the names finds the hop-by-hop fields present (most
@@ -1544,6 +1628,13 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
             h.remove(n);
         }
     }
+    // RFC 9112 §6.3: a message framed by `Transfer-Encoding` that also has a
+    // `Content-Length` (an app that sets both) is chunked, and a proxy drops
+    // the length before forwarding it: hyper frames the body again, and a
+    // length left behind would promise the client another size than it gets.
+    if present.contains(&Some(header::TRANSFER_ENCODING)) {
+        h.remove(header::CONTENT_LENGTH);
+    }
     for n in present.into_iter().flatten() {
         if !(upgrading && n == header::UPGRADE) {
             h.remove(n);
@@ -1555,7 +1646,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
 }
 
 /// How many names [`is_hop_by_hop`] knows.
-const HOP_BY_HOP: usize = 7;
+const HOP_BY_HOP: usize = 6;
 
 /// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites):
 /// one of [`HOP_BY_HOP`] names.
@@ -1565,7 +1656,9 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     let n = name.as_str();
     match n.len() {
         2 => n == "te",
-        7 => n == "trailer" || n == "upgrade",
+        // `Trailer` is end to end (RFC 9110 §6.6.2), and hyper sends a
+        // response's trailers only when it names them.
+        7 => n == "upgrade",
         10 => n == "connection" || n == "keep-alive",
         16 => n == "proxy-connection",
         17 => n == "transfer-encoding",
@@ -1767,7 +1860,6 @@ mod tests {
             "connection",
             "te",
             "transfer-encoding",
-            "trailer",
             "upgrade",
             "keep-alive",
             "proxy-connection",

@@ -1,0 +1,295 @@
+//! The admission proxy against edge cases (DESIGN §11), black box: the real binary
+//! in front of tests/fixtures/rawapp.py, an app written at the socket level that
+//! answers what a well-behaved HTTP server never would, and clients that write raw
+//! bytes. What a client got, what the app received, what the exit report says
+//! (every report checked against the ledger's equations, `ledger`).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// drainit with `--proxy` in front of rawapp.py, ready.
+struct Edge {
+    r: Running,
+    port: u16,
+}
+
+impl Edge {
+    fn start() -> Edge {
+        for _ in 0..3 {
+            let [port, app, probe] = free_ports();
+            let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+            let probe_addr = format!("127.0.0.1:{probe}");
+            let ready = format!("127.0.0.1:{app}");
+            let app_port = app.to_string();
+            let rawapp = fixture("rawapp.py");
+            let args = [
+                "--probe-addr",
+                &probe_addr,
+                "--proxy",
+                &proxy,
+                "--ready-tcp",
+                &ready,
+                "--pre-drain-delay",
+                "0s",
+                "--drain-timeout",
+                "5s",
+                "--",
+                python(),
+                &rawapp,
+                "--port",
+                &app_port,
+                "--log",
+                "$TMP/app.log",
+            ];
+            let r = Running::start(Mode::Subreaper, &args);
+            if wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200) {
+                return Edge { r, port };
+            }
+            // A port taken by someone else between free_ports and the bind.
+            eprintln!("not ready, retrying:\n{}", r.stderr_text());
+        }
+        panic!("drainit in front of rawapp.py never became ready");
+    }
+
+    /// Writes `req` on a new connection and reads until the peer closes (or 5 s).
+    fn exchange(&self, req: &[u8]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.write_all(req).unwrap();
+        read_to_close(&mut s)
+    }
+
+    /// The request lines the app received.
+    fn app_log(&self) -> String {
+        std::fs::read_to_string(self.r.path("app.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, the exit code, and the report's checked ledger.
+    fn drain(mut self) -> (i32, Value) {
+        self.r.signal(15);
+        let (code, _) = self.r.wait(secs(10));
+        let rep = self.r.report();
+        ledger(&rep);
+        (code, rep["requests"].clone())
+    }
+}
+
+/// Reads until EOF, a reset or 5 s; what came, lossily as text.
+fn read_to_close(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let end = Instant::now() + secs(5);
+    let mut got = Vec::new();
+    let mut b = [0u8; 8192];
+    while Instant::now() < end {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Reads until `text` has come (or 5 s).
+fn read_until(s: &mut TcpStream, text: &str) -> String {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let end = Instant::now() + secs(5);
+    let mut got = Vec::new();
+    let mut b = [0u8; 8192];
+    while Instant::now() < end && !String::from_utf8_lossy(&got).contains(text) {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn a_response_with_both_transfer_encoding_and_content_length_reaches_the_client_whole() {
+    // RFC 9112 §6.3: the chunked framing wins, and a proxy drops the length
+    // before forwarding. Forwarding it promised the client 3 bytes of an
+    // 8-byte body: the client got a cut or overlong response, and the
+    // connection was lost, while the ledger said `completed`.
+    let e = Edge::start();
+    let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    s.write_all(b"GET /both-lengths HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let first = read_until(&mut s, "0\r\n\r\n");
+    let head = first.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{first:?}");
+    assert!(!head.contains("content-length:"), "{first:?}");
+    assert!(head.contains("transfer-encoding: chunked"), "{first:?}");
+    assert!(
+        first.ends_with("\r\n\r\n8\r\nall here\r\n0\r\n\r\n"),
+        "{first:?}"
+    );
+    // The connection is still good for the next request.
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let second = read_to_close(&mut s);
+    assert!(second.ends_with("echo GET /next"), "{second:?}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), 2, "{q}");
+}
+
+#[test]
+fn a_connect_is_refused_with_501_and_never_reaches_the_app() {
+    // drainit is a reverse proxy: a CONNECT asks for a tunnel to another host.
+    // Sent on, an app that answered 2xx left the client a 200 and a closed
+    // connection (nobody relayed the tunnel), counted `completed`.
+    let e = Edge::start();
+    let got = e.exchange(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n");
+    let head = got.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 501"), "{got:?}");
+    assert!(head.contains("connection: close"), "{got:?}");
+    assert!(!got.contains("TUNNEL"), "{got:?}");
+    // The next request is served as usual.
+    let ok = e.exchange(b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(ok.ends_with("echo GET /after"), "{ok:?}");
+    let log = e.app_log();
+    assert!(!log.contains("CONNECT"), "the app got the CONNECT:\n{log}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "malformed"), 1, "{q}");
+    assert_eq!(num(&q, "received"), 1, "{q}");
+    assert_eq!(num(&q, "completed"), 1, "{q}");
+}
+
+#[test]
+fn a_101_to_a_request_that_asked_for_no_upgrade_is_a_502_and_unknown() {
+    // RFC 9110 §15.2.2: an app may switch only to a protocol the client asked
+    // for. Passed on, the client got a 101 and then nothing, counted `completed`.
+    let e = Edge::start();
+    let got = e.exchange(b"GET /upgrade-unasked HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(got.starts_with("HTTP/1.1 502"), "{got:?}");
+    assert!(!got.contains("RAW"), "{got:?}");
+    let (code, q) = e.drain();
+    // Lost before T0: in the ledger, the drain itself is clean.
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "unknown"), 1, "{q}");
+    assert_eq!(num(&q, "completed"), 0, "{q}");
+    assert_eq!(text(&q["lost"][0], "path"), "/upgrade-unasked", "{q}");
+}
+
+#[test]
+fn authority_and_asterisk_form_targets_of_other_methods_get_400() {
+    // RFC 9112 §3.2.3, §3.2.4: `example.com:80` is CONNECT's target form, `*`
+    // OPTIONS's. Sent on, `GET evil.example:80` reached the app as `GET /` with
+    // `Host: evil.example:80` in place of the client's; `GET *` as `GET *`.
+    let e = Edge::start();
+    for req in [
+        &b"GET evil.example:80 HTTP/1.1\r\nHost: good.example\r\n\r\n"[..],
+        b"POST other HTTP/1.1\r\nHost: good.example\r\nContent-Length: 0\r\n\r\n",
+        b"GET * HTTP/1.1\r\nHost: good.example\r\n\r\n",
+    ] {
+        let got = e.exchange(req);
+        let what = String::from_utf8_lossy(req);
+        assert!(got.starts_with("HTTP/1.1 400"), "{what:?}: {got:?}");
+        assert!(
+            got.to_ascii_lowercase().contains("connection: close"),
+            "{what:?}: {got:?}"
+        );
+    }
+    // OPTIONS * still reaches the app.
+    let ok = e.exchange(b"OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(ok.ends_with("echo OPTIONS *"), "{ok:?}");
+    let log = e.app_log();
+    assert_eq!(log.lines().count(), 1, "the app got a bad target:\n{log}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "malformed"), 3, "{q}");
+    assert_eq!(num(&q, "completed"), 1, "{q}");
+}
+
+#[test]
+fn clients_that_reconnect_when_the_forward_closes_their_idle_connection_get_the_503() {
+    // The forward closes idle keep-alive connections; a client with a request
+    // to send reconnects at once and writes it (a pool, a load balancer that
+    // does not look at readiness). An app that dies at the forward (rawapp.py
+    // has no SIGTERM handler) made drainit exit within a millisecond or two,
+    // before it had accepted those connections: they were reset with their
+    // request unanswered, not counted anywhere.
+    let e = Edge::start();
+    let n = 8;
+    let clients: Vec<_> = (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+            s.write_all(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let got = read_until(&mut s, "echo GET /first");
+            assert!(got.ends_with("echo GET /first"), "{got:?}");
+            let port = e.port;
+            std::thread::spawn(move || {
+                // Idle until the forward closes it, then at once a new one.
+                let closed = read_to_close(&mut s);
+                assert!(closed.is_empty(), "{closed:?}");
+                let Ok(mut again) = TcpStream::connect(("127.0.0.1", port)) else {
+                    return "refused".to_string();
+                };
+                if again
+                    .write_all(b"GET /second HTTP/1.1\r\nHost: a\r\n\r\n")
+                    .is_err()
+                {
+                    return "reset".to_string();
+                }
+                let got = read_to_close(&mut again);
+                if got.is_empty() {
+                    "reset".to_string()
+                } else {
+                    got.lines().next().unwrap_or_default().to_string()
+                }
+            })
+        })
+        .collect();
+    let (code, q) = e.drain();
+    let got: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for g in &got {
+        assert!(
+            g == "refused" || g.starts_with("HTTP/1.1 503"),
+            "a reconnecting client got {g:?}: {got:?}\n{q}"
+        );
+    }
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), n, "{q}");
+    let answered = got.iter().filter(|g| g.starts_with("HTTP/1.1 503")).count() as i64;
+    assert_eq!(num(&q, "rejected"), answered, "{got:?} {q}");
+}
+
+#[test]
+fn a_chunked_response_with_trailers_is_completed_and_its_trailers_reach_the_client() {
+    // hyper ends a response at its trailers without asking the body for more:
+    // the response went out whole, yet the request was counted `canceled`.
+    let e = Edge::start();
+    let got = e.exchange(
+        b"GET /trailers HTTP/1.1\r\nHost: a\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    );
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
+    // A client that accepts trailers (`TE: trailers`) gets them: `Trailer` is
+    // end to end (RFC 9110 §6.6.2), and hyper sends only the trailers a
+    // response's `Trailer` names. It used to be dropped as hop-by-hop.
+    assert!(
+        got.to_ascii_lowercase().ends_with("0\r\nx-sum: 1\r\n\r\n"),
+        "{got:?}"
+    );
+    let got = e.exchange(b"GET /trailers HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(got.contains("\r\n\r\n2\r\nok\r\n0\r\n"), "{got:?}");
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "completed"), 2, "{q}");
+    assert_eq!(num(&q, "canceled"), 0, "{q}");
+}
