@@ -1418,8 +1418,9 @@ impl Drop for Wake {
     }
 }
 
-/// Both halves of an upgraded connection, copied until either side closes or
-/// drainit closes it at beat 3 ([`streams::tunnel`]).
+/// Both halves of an upgraded connection, copied until both sides have ended
+/// (a half-close is passed on) or drainit closes it at beat 3
+/// ([`streams::tunnel`]).
 async fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     app: hyper::upgrade::OnUpgrade,

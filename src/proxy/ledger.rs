@@ -48,7 +48,7 @@ pub enum Outcome {
 /// How a stream ended (the report's `streams`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamEnd {
-    /// Either peer ended it.
+    /// The peers ended it (a tunnel: both sides, each passing its end on).
     Completed,
     /// drainit closed it at beat 3, spread over `--stream-spread`.
     ClosedByDrain,

@@ -191,7 +191,7 @@ pub const BOUNDARY_WAIT: Duration = Duration::from_secs(2);
 /// How a tunnel ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ended {
-    /// Either side closed it.
+    /// The peers ended it: both sides ended their half, or one failed.
     ByPeer,
     /// drainit closed it at beat 3.
     ByDrain,
@@ -199,9 +199,11 @@ pub enum Ended {
 
 /// Copies both halves of an upgraded connection until both sides have ended
 /// (one side's end, a half-close, is passed on to the other, whose answer
-/// still flows back until it ends too), or until `close` yields; then, for a WebSocket (`websocket`), a close frame
-/// (1001) goes each way at a frame boundary before both are shut; any other
-/// upgrade is shut as is.
+/// still flows back until it ends too) or either fails (a read or write
+/// error), or until `close` yields; then, for a WebSocket (`websocket`), a
+/// close frame (1001) goes each way at a frame boundary (not to a side
+/// already passed the other's end) before both are shut; any other upgrade is
+/// shut as is.
 ///
 /// Once asked to close, it ends within [`CLOSE_LIMIT`] whatever the peers do: a
 /// peer that stops reading blocks a write, and must not hold the drain (and the
