@@ -293,3 +293,45 @@ fn a_chunked_response_with_trailers_is_completed_and_its_trailers_reach_the_clie
     assert_eq!(num(&q, "completed"), 2, "{q}");
     assert_eq!(num(&q, "canceled"), 0, "{q}");
 }
+
+#[test]
+fn a_half_closed_tunnel_whose_app_never_ends_is_closed_by_the_drain() {
+    // The client ends its half of an upgraded connection; the app never ends
+    // its own. The tunnel stays open for the app's answer, but not past the
+    // drain: at beat 3 drainit closes it like any stream, the drain signal
+    // goes to the app, and the client sees the connection end.
+    let mut e = Edge::start();
+    let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    s.write_all(
+        b"GET /upgrade-hold HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: foo\r\n\r\n",
+    )
+    .unwrap();
+    let got = read_until(&mut s, "RAW");
+    assert!(got.starts_with("HTTP/1.1 101"), "{got:?}");
+    assert!(got.ends_with("RAW"), "{got:?}");
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let client = std::thread::spawn(move || {
+        let t = Instant::now();
+        let rest = read_to_close(&mut s);
+        (rest, t.elapsed())
+    });
+    e.r.signal(15);
+    let (code, _) = e.r.wait(secs(10));
+    let (rest, waited) = client.join().unwrap();
+    let rep = e.r.report();
+    let q = ledger(&rep);
+    assert!(rest.is_empty(), "{rest:?}");
+    // The drain timeout is 5 s, and read_to_close gives up at 5 s.
+    assert!(
+        waited < secs(5),
+        "the tunnel outlived the drain: {waited:?}"
+    );
+    assert!(
+        e.r.stderr_text().contains("forwarded SIGTERM to"),
+        "{}",
+        e.r.stderr_text()
+    );
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
+}
