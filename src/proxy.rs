@@ -112,6 +112,13 @@ pub const STOP_SETTLE: Duration = Duration::from_millis(200);
 /// forward would otherwise make drainit exit before accepting those
 /// connections, and the kernel reset them with their requests unanswered.
 pub const STOP_QUIET: Duration = Duration::from_millis(50);
+/// HTTP/2 streams a client cancels within this long of opening them, before
+/// drainit answered, are premature resets ([`Resets`]).
+pub const PREMATURE_RESET: Duration = Duration::from_secs(1);
+/// An HTTP/2 client connection is closed once it has canceled this many
+/// streams prematurely, and they are more than half of its streams (Envoy's
+/// defaults for `premature_reset_total_stream_count` and its 50 % rule).
+pub const PREMATURE_RESETS_MAX: u32 = 500;
 /// After the forward, a connection that has sent nothing yet gets this long to
 /// send its first request before it is closed as idle: a client that connected
 /// a moment before the forward (it was told `Connection: close` and reopened)
@@ -708,20 +715,26 @@ async fn connection(
     // connection.
     let peer_ip = Peer::new(peer);
     let first = unanswered.clone();
+    let resets = h2.then(|| std::sync::Arc::new(Resets::default()));
+    let counted = resets.clone();
     let service = hyper::service::service_fn(move |req| {
         let (peer_ip, slot) = (peer_ip.clone(), slot.clone());
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
+        let opened = counted.as_ref().map(|r| Opened::new(r.clone()));
         async move {
             let resp = handle(req, peer_ip, shared, clients, slot).await;
             if let Some(u) = unanswered {
                 u.answered();
             }
+            if let Some(o) = opened {
+                o.answered();
+            }
             Ok::<_, Infallible>(resp)
         }
     });
-    if h2 {
-        serve_h2(io, service, gate, shared).await;
+    if let Some(resets) = resets {
+        serve_h2(io, service, gate, shared, &resets, peer).await;
     } else {
         serve_h1(io, service, gate, shared, &first).await;
     }
@@ -817,11 +830,21 @@ async fn serve_h1<S>(
 /// opens after that is ignored, and the client knows from the last id that it
 /// was never processed (safe to retry). A connection that opens after beat 3
 /// gets the GOAWAY at once; the requests it sent meanwhile get drainit's 503.
+///
+/// A client that cancels most of its streams as soon as it opens them (the
+/// rapid reset of CVE-2023-44487, paced so that h2's own guard, which counts
+/// only streams reset before they are taken up, never trips) has its
+/// connection closed once it has canceled [`PREMATURE_RESETS_MAX`] streams within
+/// [`PREMATURE_RESET`] of opening them and they are more than half of its
+/// streams: each went on to the app, on the HTTP/2 connection every client
+/// shares, and the app's own guard could close that connection for them all.
 async fn serve_h2<S>(
     io: TokioIo<Rewind>,
     service: S,
     mut gate: watch::Receiver<Gate>,
     shared: &'static Shared,
+    resets: &Resets,
+    peer: SocketAddr,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = ProxyBody> + Send + 'static,
     S::Future: Send + 'static,
@@ -847,6 +870,66 @@ async fn serve_h2<S>(
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
+            () = resets.tripped.notified() => {
+                log::warn!(
+                    "proxy: HTTP/2 client {peer} canceled {} of its {} streams within {} of opening them (rapid reset): its connection is closed",
+                    resets.premature.load(Relaxed),
+                    resets.streams.load(Relaxed),
+                    crate::util::fmt_ms(PREMATURE_RESET),
+                );
+                // Closed at once, not with a graceful GOAWAY: that waits for a
+                // PING's answer, which such a client need not send.
+                return;
+            }
+        }
+    }
+}
+
+/// One HTTP/2 client connection's streams, and those of them it canceled
+/// prematurely (within [`PREMATURE_RESET`] of opening them, before drainit
+/// answered).
+#[derive(Default)]
+struct Resets {
+    streams: std::sync::atomic::AtomicU32,
+    premature: std::sync::atomic::AtomicU32,
+    /// Notified once the connection is over the limit ([`serve_h2`]).
+    tripped: tokio::sync::Notify,
+}
+
+/// One stream of an HTTP/2 client connection until drainit answers it:
+/// dropped unanswered (the client reset it) within [`PREMATURE_RESET`], a
+/// premature reset.
+struct Opened {
+    resets: std::sync::Arc<Resets>,
+    at: Instant,
+    answered: bool,
+}
+
+impl Opened {
+    fn new(resets: std::sync::Arc<Resets>) -> Opened {
+        resets.streams.fetch_add(1, Relaxed);
+        Opened {
+            resets,
+            at: Instant::now(),
+            answered: false,
+        }
+    }
+
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if self.answered || self.at.elapsed() >= PREMATURE_RESET {
+            return;
+        }
+        let premature = self.resets.premature.fetch_add(1, Relaxed) + 1;
+        if premature >= PREMATURE_RESETS_MAX
+            && premature.saturating_mul(2) > self.resets.streams.load(Relaxed)
+        {
+            self.resets.tripped.notify_one();
         }
     }
 }

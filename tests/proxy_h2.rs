@@ -342,11 +342,12 @@ fn a_request_on_a_new_connection_after_beat_3_is_rejected_with_503() {
 }
 
 /// Rapid reset (CVE-2023-44487, paced so that each stream is taken up first):
-/// one client opens and cancels 6000 requests while another client's request
-/// is in flight on the same upstream HTTP/2 connection. Every canceled request
-/// is `canceled`, and the other client's request completes: before, the app
-/// answering a stream drainit had already canceled made h2 reset it, and at
-/// 1024 such resets (counted over the connection's life) h2 closed the shared
+/// clients open and cancel 6000 requests (15 connections of 400, each under
+/// the premature-reset limit) while another client's request is in flight on
+/// the same upstream HTTP/2 connection. Every canceled request is `canceled`,
+/// and the other client's request completes: before, the app answering a
+/// stream drainit had already canceled made h2 reset it, and at 1024 such
+/// resets (counted over the connection's life) h2 closed the shared
 /// connection, cutting every client's request on it (502 or a reset, `unknown`).
 #[test]
 fn a_client_canceling_thousands_of_streams_never_cuts_another_clients_request() {
@@ -365,18 +366,26 @@ fn a_client_canceling_thousands_of_streams_never_cuts_another_clients_request() 
         "the other client's request never reached the app{}",
         px.ctx()
     );
-    let raw = Command::new("timeout")
-        .args(["25", python()])
-        .arg(fixture("h2raw.py"))
-        .args(["--port", &port.to_string()])
-        .args(["--first", "/slow?ms=2000", "--cancel", "6000"])
-        .output()
-        .expect("running h2raw.py");
-    let raw_out = out_of(&raw);
+    let mut raw_out = String::new();
+    for _ in 0..15 {
+        let raw = Command::new("timeout")
+            .args(["25", python()])
+            .arg(fixture("h2raw.py"))
+            .args(["--port", &port.to_string()])
+            .args(["--first", "/slow?ms=2000", "--cancel", "400"])
+            .output()
+            .expect("running h2raw.py");
+        raw_out += &out_of(&raw);
+    }
     let victim = victim.join().unwrap();
     let v_out = out_of(&victim);
     let ctx = format!("\nh2raw:\n{raw_out}\nnghttp:\n{v_out}");
-    assert!(raw_out.contains("canceled n=6000"), "{ctx}{}", px.ctx());
+    assert_eq!(
+        raw_out.matches("canceled n=400").count(),
+        15,
+        "{ctx}{}",
+        px.ctx()
+    );
     assert!(victim.status.success(), "{ctx}{}", px.ctx());
     assert!(
         v_out.contains(":status: 200") && v_out.contains("\nslow\n") || v_out.contains("slow\n["),
@@ -389,5 +398,47 @@ fn a_client_canceling_thousands_of_streams_never_cuts_another_clients_request() 
     assert_eq!(num(q, "completed"), 1, "{q}");
     assert_eq!(num(q, "canceled"), 6000, "{q}");
     assert_eq!(num(q, "unknown"), 0, "{q}");
+    assert_eq!(code, 0, "{q}");
+}
+
+/// A client that cancels its streams as soon as it opens them, thousands of
+/// times (rapid reset paced past h2's own guard): once it has canceled 500
+/// within 1 s of opening them, more than half of its streams, drainit closes
+/// its connection and says so. The app saw no more requests than the ledger
+/// admitted, the next client is served, and the drain is clean.
+#[test]
+fn a_client_that_cancels_its_streams_as_it_opens_them_is_disconnected() {
+    let mut px = start_px();
+    let raw = Command::new("timeout")
+        .args(["60", python()])
+        .arg(fixture("h2raw.py"))
+        .args(["--port", &px.port.to_string()])
+        .args(["--first", "/slow?ms=2000", "--cancel", "5000"])
+        .output()
+        .expect("running h2raw.py");
+    let raw_out = out_of(&raw);
+    let ctx = format!("\nh2raw:\n{raw_out}");
+    assert!(
+        raw_out.contains("closed") && !raw_out.contains("canceled n=5000"),
+        "the connection was not closed{ctx}{}",
+        px.ctx()
+    );
+    assert!(
+        px.r.stderr_text()
+            .contains("(rapid reset): its connection is closed"),
+        "{}",
+        px.ctx()
+    );
+    let next = nghttp(px.port, &["/ok"]);
+    assert!(out_of(&next).contains(":status: 200"), "{}", out_of(&next));
+    let app_got = px.log().matches("recv GET /slow").count();
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(10));
+    let q = ledger(&rep);
+    let received = num(q, "received");
+    assert!((500..5000).contains(&received), "{q}");
+    assert_eq!(num(q, "canceled"), received - 1, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    assert!(app_got as i64 <= received, "app got {app_got}: {q}");
     assert_eq!(code, 0, "{q}");
 }
