@@ -81,31 +81,21 @@ impl Edge {
 
 /// Reads until EOF, a reset or 5 s; what came, lossily as text.
 fn read_to_close(s: &mut TcpStream) -> String {
-    s.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let end = Instant::now() + secs(5);
-    let mut got = Vec::new();
-    let mut b = [0u8; 8192];
-    while Instant::now() < end {
-        match s.read(&mut b) {
-            Ok(0) => break,
-            Ok(n) => got.extend_from_slice(&b[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
+    read_for(s, None)
 }
 
-/// Reads until `text` has come (or 5 s).
+/// Reads until `text` has come (or EOF, a reset, 5 s).
 fn read_until(s: &mut TcpStream, text: &str) -> String {
+    read_for(s, Some(text))
+}
+
+fn read_for(s: &mut TcpStream, text: Option<&str>) -> String {
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let end = Instant::now() + secs(5);
     let mut got = Vec::new();
     let mut b = [0u8; 8192];
-    while Instant::now() < end && !String::from_utf8_lossy(&got).contains(text) {
+    while Instant::now() < end && !text.is_some_and(|t| String::from_utf8_lossy(&got).contains(t)) {
         match s.read(&mut b) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&b[..n]),
