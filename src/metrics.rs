@@ -333,7 +333,7 @@ fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
         out,
         "drainit_proxy_malformed_total",
         "counter",
-        "Requests refused as malformed, never admitted (400: unparsable, or a missing or repeated Host; 431: head too large).",
+        "Requests refused as malformed, never admitted (400: unparsable, a missing or repeated Host, or a target form its method may not use; 431: head too large; 501: CONNECT).",
     );
     let _ = writeln!(
         out,

@@ -117,9 +117,11 @@ pub struct Totals {
     pub in_flight: u64,
     /// Admitted requests in flight at T0.
     pub in_flight_at_start: u64,
-    /// Requests refused as malformed (hyper's 400 and 431, and drainit's 400
-    /// for a missing or repeated `Host`, RFC 9112 §3.2): not in `received`. A head that never came (timeout) is not
-    /// counted: an idle pre-opened connection looks the same.
+    /// Requests refused as malformed (hyper's 400 and 431; drainit's 400 for a
+    /// missing or repeated `Host`, RFC 9112 §3.2, or a target form its method
+    /// may not use, §3.2.3–3.2.4; its 501 for `CONNECT`): not in `received`. A
+    /// head that never came (timeout) is not counted: an idle pre-opened
+    /// connection looks the same.
     pub malformed: u64,
     /// Admitted requests sent to the app a second time, on a new connection,
     /// because the kept-alive one they were given turned out closed (the
