@@ -431,9 +431,14 @@ fn env_entry(k: &std::ffi::OsStr, v: &std::ffi::OsStr) -> Vec<u8> {
 
 /// The kind of a spawn error, the same words for the main child, exec checks and
 /// teardown steps: `not found`, `permission denied`, `exec format error` (a
-/// script without `#!` in the musl build), `is a directory`, or `cannot execute`
-/// (never the error's text).
+/// script without `#!` in the musl build), `is a directory`, `process limit
+/// reached` (EAGAIN from fork(2)/clone(2): `RLIMIT_NPROC` or a cgroup's
+/// `pids.max`, a container's `--pids-limit`), or `cannot execute` (never the
+/// error's text).
 pub fn io_error_kind(e: &io::Error) -> String {
+    if e.raw_os_error() == Some(libc::EAGAIN) {
+        return "process limit reached".into();
+    }
     crate::util::io_word(e).unwrap_or("cannot execute").into()
 }
 
@@ -520,4 +525,17 @@ pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
         user: None,
     };
     start(&launch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_errors_are_named_by_kind() {
+        let e = |n| io::Error::from_raw_os_error(n);
+        assert_eq!(io_error_kind(&e(libc::EAGAIN)), "process limit reached");
+        assert_eq!(io_error_kind(&e(libc::ENOENT)), "not found");
+        assert_eq!(io_error_kind(&e(libc::EIO)), "cannot execute");
+    }
 }

@@ -43,9 +43,6 @@ pub fn io_word(e: &std::io::Error) -> Option<&'static str> {
         (ErrorKind::AddrNotAvailable, _) => Some("address not available"),
         (_, Some(libc::ENOEXEC)) => Some("exec format error"),
         (_, Some(libc::EISDIR)) => Some("is a directory"),
-        // fork(2)/clone(2): RLIMIT_NPROC or a cgroup's pids.max refused the
-        // new process (a container's --pids-limit).
-        (_, Some(libc::EAGAIN)) => Some("process limit reached"),
         _ => None,
     }
 }
@@ -75,7 +72,7 @@ mod tests {
         assert_eq!(io_word(&e(libc::EADDRINUSE)), Some("address in use"));
         assert_eq!(io_word(&e(libc::ENOEXEC)), Some("exec format error"));
         assert_eq!(io_word(&e(libc::EISDIR)), Some("is a directory"));
-        assert_eq!(io_word(&e(libc::EAGAIN)), Some("process limit reached"));
+        assert_eq!(io_word(&e(libc::EAGAIN)), None);
         assert_eq!(io_word(&e(libc::EIO)), None);
         assert!(io_word_or_text(&e(libc::EIO)).contains("Input/output error"));
     }
