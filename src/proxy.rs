@@ -1161,17 +1161,18 @@ async fn handle(
     // names another authority than its `:authority` is malformed too.
     let hosts = req.headers().get_all(header::HOST);
     let host_count = hosts.iter().count();
-    let malformed = if host_count > 1 {
-        Some("400 bad request: more than one Host field\n")
+    let bad = |text| Some((StatusCode::BAD_REQUEST, text));
+    let refused = if host_count > 1 {
+        bad("400 bad request: more than one Host field\n")
     } else if !h2 && host_count == 0 && version == hyper::Version::HTTP_11 {
-        Some("400 bad request: HTTP/1.1 requires a Host field\n")
+        bad("400 bad request: HTTP/1.1 requires a Host field\n")
     } else if h2
         && let (Some(authority), Some(host)) = (req.uri().authority(), hosts.iter().next())
         && !host
             .as_bytes()
             .eq_ignore_ascii_case(authority.as_str().as_bytes())
     {
-        Some("400 bad request: Host differs from :authority\n")
+        bad("400 bad request: Host differs from :authority\n")
     } else if !h2
         && req.uri().scheme().is_none()
         && req.uri().authority().is_some()
@@ -1180,20 +1181,15 @@ async fn handle(
         // RFC 9112 §3.2.3: the authority form (`GET example.com:80`) is
         // CONNECT's only; sent on, the app got `GET /` with that authority as
         // its `Host`, in place of the client's.
-        Some("400 bad request: an authority-form target is for CONNECT only\n")
+        bad("400 bad request: an authority-form target is for CONNECT only\n")
     } else if !h2 && req.uri() == "*" && req.method() != Method::OPTIONS {
         // RFC 9112 §3.2.4: the asterisk form is OPTIONS's only.
-        Some("400 bad request: an asterisk-form target is for OPTIONS only\n")
-    } else {
-        None
-    };
-    // drainit is a reverse proxy, not a forward one: a `CONNECT` (RFC 9110
-    // §9.3.6) asks for a tunnel to another host, which it does not relay (sent
-    // on, an app's 2xx left the client a 200 and a closed connection). 501,
-    // never sent to the app, counted `malformed`.
-    let refused = if let Some(text) = malformed {
-        Some((StatusCode::BAD_REQUEST, text))
+        bad("400 bad request: an asterisk-form target is for OPTIONS only\n")
     } else if req.method() == Method::CONNECT {
+        // drainit is a reverse proxy, not a forward one: a `CONNECT` (RFC 9110
+        // §9.3.6) asks for a tunnel to another host, which it does not relay
+        // (sent on, an app's 2xx left the client a 200 and a closed
+        // connection). 501, never sent to the app, counted `malformed`.
         Some((
             StatusCode::NOT_IMPLEMENTED,
             "501 not implemented: CONNECT (drainit is no forward proxy)\n",
@@ -1348,9 +1344,7 @@ async fn handle(
             // The client went away while its body was being sent on, or
             // stalled it past BODY_IDLE.
             log::debug!("proxy: the client's body failed mid-request: {}", e.message);
-            admitted.settle(Outcome::Canceled);
-            drop(admitted);
-            shared.settled();
+            settle_now(admitted, Outcome::Canceled, shared);
             if body_fate.is_some_and(|f| f.load(Relaxed) == BodyFate::Stalled as u8) {
                 let mut r = local(
                     StatusCode::REQUEST_TIMEOUT,
@@ -1376,15 +1370,28 @@ async fn handle(
             } else {
                 "502 bad gateway: the app closed the connection without a complete response\n"
             };
-            admitted.settle(Outcome::Unknown);
-            drop(admitted);
-            shared.settled();
+            settle_now(admitted, Outcome::Unknown, shared);
             return local(StatusCode::BAD_GATEWAY, why, shared.gate(), version);
         }
     };
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_upgrade) = client_upgrade
-    {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            // A 101 to a request that asked for no upgrade (RFC 9110 §15.2.2:
+            // the app's error). Passed on, the client got a 101 and then
+            // nothing, counted `completed`. The app got the request: `unknown`,
+            // a 502; its connection is not reused.
+            if let Some(l) = lease {
+                l.upgraded();
+            }
+            drop(resp);
+            settle_now(admitted, Outcome::Unknown, shared);
+            return local(
+                StatusCode::BAD_GATEWAY,
+                "502 bad gateway: the app switched protocols without an upgrade asked\n",
+                shared.gate(),
+                version,
+            );
+        };
         let app_upgrade = hyper::upgrade::on(&mut resp);
         if let Some(l) = lease {
             l.upgraded();
@@ -1401,31 +1408,10 @@ async fn handle(
             shared,
             slot,
         ));
-        admitted.settle(Outcome::Completed);
-        drop(admitted);
-        shared.settled();
+        settle_now(admitted, Outcome::Completed, shared);
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, true);
         return Response::from_parts(parts, ProxyBody::plain(Inner::Upstream(body)));
-    }
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-        // A 101 to a request that asked for no upgrade (RFC 9110 §15.2.2: the
-        // app's error). Passed on, the client got a 101 and then nothing, counted
-        // `completed`. The app got the request: `unknown`, a 502; its
-        // connection is not reused.
-        if let Some(l) = lease {
-            l.upgraded();
-        }
-        drop(resp);
-        admitted.settle(Outcome::Unknown);
-        drop(admitted);
-        shared.settled();
-        return local(
-            StatusCode::BAD_GATEWAY,
-            "502 bad gateway: the app switched protocols without an upgrade asked\n",
-            shared.gate(),
-            version,
-        );
     }
     let event_stream = !is_head
         && resp.status() == StatusCode::OK
@@ -1499,6 +1485,15 @@ impl Drop for Wake {
     fn drop(&mut self) {
         self.0.settled();
     }
+}
+
+/// Settles an admitted request now, before its response is made (drainit's
+/// own answer, or a tunnel's start), and wakes whoever waits for the proxy to
+/// be quiet.
+fn settle_now(mut admitted: Admitted<'static>, outcome: Outcome, shared: &Shared) {
+    admitted.settle(outcome);
+    drop(admitted);
+    shared.settled();
 }
 
 /// Both halves of an upgraded connection, copied until both sides have ended
@@ -1660,12 +1655,15 @@ fn expects_continue(h: &HeaderMap) -> bool {
 /// would escape the ledger and be cut at beat 3. The request is served as
 /// HTTP/1.1, its `Upgrade` and `HTTP2-Settings` dropped as hop-by-hop fields.
 fn wants_upgrade(h: &HeaderMap) -> bool {
-    let only_h2c = h.get_all(header::UPGRADE).iter().all(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').all(|t| t.trim().eq_ignore_ascii_case("h2c")))
-    });
+    // Most requests have no `Upgrade`: one lookup, nothing more.
+    let only_h2c = || {
+        h.get_all(header::UPGRADE).iter().all(|v| {
+            v.to_str()
+                .is_ok_and(|s| s.split(',').all(|t| t.trim().eq_ignore_ascii_case("h2c")))
+        })
+    };
     h.contains_key(header::UPGRADE)
-        && !only_h2c
+        && !only_h2c()
         && h.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|s| {
                 s.split(',')

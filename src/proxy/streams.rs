@@ -298,17 +298,17 @@ where
                     // Nothing more goes to the app: no close frame either.
                     app_closed = true;
                     if app_ended {
-                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                        return ended_by(closing);
                     }
                 }
                 Err(_) => {
                     let _ = aw.shutdown().await;
-                    return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    return ended_by(closing);
                 }
                 Ok(n) => {
                     to_app.feed(&cbuf[..n]);
                     if aw.write_all(&cbuf[..n]).await.is_err() {
-                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                        return ended_by(closing);
                     }
                 }
             },
@@ -319,17 +319,17 @@ where
                     // Nothing more goes to the client: no close frame either.
                     client_closed = true;
                     if client_ended {
-                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                        return ended_by(closing);
                     }
                 }
                 Err(_) => {
                     let _ = cw.shutdown().await;
-                    return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                    return ended_by(closing);
                 }
                 Ok(n) => {
                     to_client.feed(&abuf[..n]);
                     if cw.write_all(&abuf[..n]).await.is_err() {
-                        return if closing.is_some() { Ended::ByDrain } else { Ended::ByPeer };
+                        return ended_by(closing);
                     }
                 }
             },
@@ -344,6 +344,16 @@ where
     let _ = cw.shutdown().await;
     let _ = aw.shutdown().await;
     Ended::ByDrain
+}
+
+/// How a tunnel that ends now ended: by the drain once it asked the tunnel to
+/// close (`closing`), else by its peers.
+fn ended_by(closing: Option<tokio::time::Instant>) -> Ended {
+    if closing.is_some() {
+        Ended::ByDrain
+    } else {
+        Ended::ByPeer
+    }
 }
 
 /// Where an SSE body may be ended: the end of the last complete event in
