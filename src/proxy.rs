@@ -166,6 +166,9 @@ struct Shared {
     /// in ms since `born` ([`STOP_QUIET`]).
     stirred_ms: std::sync::atomic::AtomicU64,
     born: Instant,
+    /// The drain deadline came ([`Proxy::abandon`]): an upstream failure from
+    /// now on is drainit's SIGKILL, not the app's doing, and its 502 says so.
+    deadline: AtomicBool,
 }
 
 impl Shared {
@@ -327,6 +330,7 @@ impl Proxy {
                 unanswered: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
                 stirred_ms: std::sync::atomic::AtomicU64::new(0),
+                deadline: AtomicBool::new(false),
                 born: Instant::now(),
             }));
         shared.ledger.set_epoch(Instant::now());
@@ -502,6 +506,7 @@ impl Proxy {
     /// connections are closed by [`Proxy::stop`] at the exit. Returns the
     /// requests in flight and the streams open.
     pub fn abandon(&self) -> (u64, usize) {
+        self.shared.deadline.store(true, SeqCst);
         self.shared.ledger.cut_all();
         (self.shared.ledger.in_flight(), self.shared.streams.open())
     }
@@ -1362,10 +1367,11 @@ async fn handle(
         }
         Err(e) => {
             log::debug!("proxy: upstream failed: {}", e.message);
-            // After the deadline's cut the app was killed by drainit, not
-            // gone by itself: the client is told which (the ledger says
-            // `abandoned` either way).
-            let why = if shared.ledger.cutting() {
+            // After the deadline the app was killed by drainit, not gone by
+            // itself: the client is told which. (Any stop cuts the ledger, so
+            // a request failing then is `abandoned` either way; only the
+            // deadline is drainit's SIGKILL.)
+            let why = if shared.deadline.load(SeqCst) {
                 "502 bad gateway: the drain deadline came before the app answered; drainit stopped the app (the request may have been processed)\n"
             } else {
                 "502 bad gateway: the app closed the connection without a complete response\n"
@@ -1724,6 +1730,34 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     }
     if upgrading {
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        drop_h2c(h);
+    }
+}
+
+/// Takes the `h2c` token out of an upgrade's `Upgrade` list (`websocket, h2c`
+/// becomes `websocket`), so the app cannot switch to HTTP/2 inside a tunnel
+/// whose requests the ledger would never see (see [`wants_upgrade`]).
+fn drop_h2c(h: &mut HeaderMap) {
+    let is_h2c = |t: &str| t.trim().eq_ignore_ascii_case("h2c");
+    let has_h2c = h
+        .get_all(header::UPGRADE)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(is_h2c)));
+    if !has_h2c {
+        return;
+    }
+    let kept: Vec<String> = h
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter(|t| !is_h2c(t) && !t.trim().is_empty())
+        .map(|t| t.trim().to_owned())
+        .collect();
+    h.remove(header::UPGRADE);
+    // `wants_upgrade` saw a token other than h2c, so `kept` is not empty.
+    if let Ok(v) = HeaderValue::from_str(&kept.join(", ")) {
+        h.insert(header::UPGRADE, v);
     }
 }
 
@@ -1972,7 +2006,16 @@ mod tests {
         assert!(h.is_empty(), "{h:?}");
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket, h2c"));
+        h.append(header::UPGRADE, HeaderValue::from_static("H2C, foo/2"));
         assert!(wants_upgrade(&h));
+        // The app is offered the other protocols, never h2c.
+        strip_hop_by_hop(&mut h, true);
+        let offered: Vec<&str> = h
+            .get_all(header::UPGRADE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(offered, ["websocket, foo/2"]);
     }
 
     #[test]
