@@ -612,14 +612,39 @@ fn argv_no_nul(argv: &[String]) -> Result<(), String> {
     argv.iter().try_for_each(|w| no_nul(w))
 }
 
-/// `None` for an empty value (no report file), else the path, once its directory
-/// is known to exist and be writable (or the file itself writable: a bind-mounted
-/// `/dev/termination-log` in a read-only `/dev`).
+/// The longest file name (one path component) Linux file systems take, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// The longest path the kernel takes, in bytes (`PATH_MAX` less its NUL).
+const PATH_MAX: usize = 4095;
+
+/// `None` for an empty value (no report file), else the path, once it is known to
+/// name a file the kernel can open (its last component a name, not `.`, `..` or
+/// empty after a trailing `/`, of at most [`NAME_MAX`] bytes, the whole at most
+/// [`PATH_MAX`]) and its directory is known to exist and be writable (or the file
+/// itself writable: a bind-mounted `/dev/termination-log` in a read-only `/dev`).
+/// What the kernel would refuse at exit is refused now, when the report is not
+/// yet lost.
 fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
     if s.is_empty() {
         return Ok(None);
     }
     no_nul(s)?;
+    let last = s.rsplit('/').next().unwrap_or(s);
+    if last.is_empty() || last == "." || last == ".." {
+        return Err(format!("'{s}' names a directory, not a file"));
+    }
+    if last.len() > NAME_MAX {
+        return Err(format!(
+            "'{s}': the file name is longer than {NAME_MAX} bytes"
+        ));
+    }
+    let absolute = std::env::current_dir()
+        .map(|d| d.join(s))
+        .unwrap_or_else(|_| PathBuf::from(s));
+    if absolute.as_os_str().len() > PATH_MAX {
+        return Err(format!("'{s}': the path is longer than {PATH_MAX} bytes"));
+    }
     let path = PathBuf::from(s);
     let dir = path
         .parent()
@@ -1964,6 +1989,33 @@ mod tests {
         let e = load(&["--report-file", tmp.to_str().unwrap(), "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
         assert!(e.message.contains("is a directory"), "{}", e.message);
+        // What the kernel would refuse at exit, when the report is lost, is
+        // refused at start: a trailing `/`, `.` or `..` (no file name), a name
+        // longer than 255 bytes, a path longer than 4095.
+        let dir = tmp.to_str().unwrap();
+        for (bad, why) in [
+            (format!("{dir}/new/"), "names a directory"),
+            (format!("{dir}/new/."), "names a directory"),
+            (format!("{dir}/.."), "names a directory"),
+            (
+                format!("{dir}/{}", "r".repeat(256)),
+                "longer than 255 bytes",
+            ),
+            (
+                format!("{dir}{}/r", "/.".repeat(2100)),
+                "longer than 4095 bytes",
+            ),
+        ] {
+            let e = load(&["--report-file", &bad, "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 78, "{bad}");
+            assert!(
+                e.message.contains("--report-file") && e.message.contains(why),
+                "{}",
+                e.message
+            );
+        }
+        let long = format!("{dir}/{}", "r".repeat(255));
+        assert!(load(&["--report-file", &long, "true"], &[]).is_ok());
         // An existing directory, and an existing device, are fine.
         let ok = std::env::temp_dir().join("drainit-report.json");
         let c = load(&["--report-file", ok.to_str().unwrap(), "true"], &[]).unwrap();
