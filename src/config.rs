@@ -351,6 +351,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     at_most_max(d).map_err(|max| format!("'{s}' is too long: at most {max}"))
 }
 
+/// A check's or teardown step's timeout: a duration ([`parse_duration`]) greater
+/// than 0. A zero timeout can only fail: every teardown step would be "timed out
+/// after 0s" at exit (2), and a check would pass or fail by a race with the
+/// timer; refused at start like a zero `--ready-interval`.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("'{s}' is no timeout: it must be greater than 0")),
+        d => Ok(d),
+    }
+}
+
 /// `d` when it is at most [`MAX_DURATION`], else the maximum as text (`7d`).
 fn at_most_max(d: Duration) -> Result<Duration, &'static str> {
     if d <= MAX_DURATION { Ok(d) } else { Err("7d") }
@@ -1162,7 +1173,7 @@ fn file_check(
         check_entry_name(name).map_err(at)?;
     }
     let timeout = match &c.timeout {
-        Some(t) => parse_duration(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
+        Some(t) => parse_timeout(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
         None => check_timeout,
     };
     Ok(Check {
@@ -1202,7 +1213,7 @@ fn resolve_teardown(
         }
         let timeout = match &t.timeout {
             Some(d) => {
-                parse_duration(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
+                parse_timeout(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
             }
             None => teardown_timeout,
         };
