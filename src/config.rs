@@ -400,13 +400,20 @@ fn parse_probe_path(s: &str) -> Result<ProbePath, String> {
     }
 }
 
+/// `--probe-addr`: `off`, or `IP:PORT` with a port of 1-65535. Port 0 is refused
+/// as `--proxy` and `--ready-tcp` refuse it: the kernel would pick a port nobody
+/// is told, so neither the platform's probes nor `drainit --probe` could ask it.
 fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     if s.trim().eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    s.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
+    let addr = s.trim().parse::<SocketAddr>().map_err(|_| {
         format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')")
-    })
+    })?;
+    if addr.port() == 0 {
+        return Err(format!("'{s}' has no valid port (1-65535)"));
+    }
+    Ok(Some(addr))
 }
 
 impl Config {

@@ -8,7 +8,8 @@
 //!   a directory, a 2 MiB file;
 //! - a NUL byte in `report_file`, a teardown command or an exec check (it could
 //!   not reach the kernel, and used to fail only at exit);
-//! - a probe address explicitly given and taken: the message names `--probe-addr`.
+//! - a probe address explicitly given and taken: the message names `--probe-addr`;
+//!   one with port 0 (a port nobody is told);
 //! - a zero timeout for checks or teardown steps (flag, variable, file key).
 #![allow(clippy::disallowed_methods)]
 
@@ -195,6 +196,27 @@ fn a_taken_probe_address_names_the_flag() {
         "{}",
         o.stderr
     );
+}
+
+/// A probe address with port 0 is refused before the start (64 on the command line,
+/// 78 from the environment or file), as `--proxy` and `--ready-tcp` refuse it: it
+/// was bound to a port the kernel picked and nobody was told, so no platform probe
+/// and no `drainit --probe` could ever reach it.
+#[test]
+fn a_probe_address_with_port_0_is_refused() {
+    let tmp = TmpDir::new("probeaddr0");
+    for addr in ["127.0.0.1:0", "0.0.0.0:0", "[::]:0"] {
+        let o = run(&tmp, &["--probe-addr", addr], &[]);
+        assert_eq!(o.code, 64, "{addr}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("--probe-addr") && o.stderr.contains("no valid port"),
+            "{}",
+            o.stderr
+        );
+    }
+    let o = run(&tmp, &[], &[("DRAINIT_PROBE_ADDR", b"0.0.0.0:0")]);
+    assert_eq!(o.code, 78, "{}", o.stderr);
+    assert!(o.stderr.contains("DRAINIT_PROBE_ADDR"), "{}", o.stderr);
 }
 
 /// A zero timeout for a check or a teardown step is refused at start, naming where
