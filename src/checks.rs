@@ -491,6 +491,14 @@ async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), Strin
     let guard = KillOnDrop(pid, reaper.clone());
     let exit = rx.await.map_err(|_| "internal error".to_string())?;
     drop(guard);
+    // The check is over: what it left running in its process group (`sh -c 'x &
+    // exit 0'`) goes too. Left, it would be re-parented to drainit and taken for
+    // the app's work: signalled at the drain, SIGKILLed at the deadline and
+    // reported abandoned (exit 2 after the app drained cleanly), one more for
+    // every evaluation. The group is still the check's while a member lives (the
+    // kernel does not hand out its number again until the last one is gone), and
+    // ESRCH (nothing left) is the common case.
+    let _ = crate::tree::kill(-pid, crate::signals::Signal::KILL);
     match exit {
         ChildExit::Code(0) => Ok(()),
         ChildExit::Code(n) => Err(format!("exit status {n}")),

@@ -351,6 +351,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     at_most_max(d).map_err(|max| format!("'{s}' is too long: at most {max}"))
 }
 
+/// A check's or teardown step's timeout: a duration ([`parse_duration`]) greater
+/// than 0. A zero timeout can only fail: every teardown step would be "timed out
+/// after 0s" at exit (2), and a check would pass or fail by a race with the
+/// timer; refused at start like a zero `--ready-interval`.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("'{s}' is no timeout: it must be greater than 0")),
+        d => Ok(d),
+    }
+}
+
 /// `d` when it is at most [`MAX_DURATION`], else the maximum as text (`7d`).
 fn at_most_max(d: Duration) -> Result<Duration, &'static str> {
     if d <= MAX_DURATION { Ok(d) } else { Err("7d") }
@@ -389,13 +400,20 @@ fn parse_probe_path(s: &str) -> Result<ProbePath, String> {
     }
 }
 
+/// `--probe-addr`: `off`, or `IP:PORT` with a port of 1-65535. Port 0 is refused
+/// as `--proxy` and `--ready-tcp` refuse it: the kernel would pick a port nobody
+/// is told, so neither the platform's probes nor `drainit --probe` could ask it.
 fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     if s.trim().eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    s.trim().parse::<SocketAddr>().map(Some).map_err(|_| {
+    let addr = s.trim().parse::<SocketAddr>().map_err(|_| {
         format!("'{s}' is not an address like 0.0.0.0:8079, 127.0.0.1:9000 or [::]:8079 (or 'off')")
-    })
+    })?;
+    if addr.port() == 0 {
+        return Err(format!("'{s}' has no valid port (1-65535)"));
+    }
+    Ok(Some(addr))
 }
 
 impl Config {
@@ -612,14 +630,39 @@ fn argv_no_nul(argv: &[String]) -> Result<(), String> {
     argv.iter().try_for_each(|w| no_nul(w))
 }
 
-/// `None` for an empty value (no report file), else the path, once its directory
-/// is known to exist and be writable (or the file itself writable: a bind-mounted
-/// `/dev/termination-log` in a read-only `/dev`).
+/// The longest file name (one path component) Linux file systems take, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// The longest path the kernel takes, in bytes (`PATH_MAX` less its NUL).
+const PATH_MAX: usize = 4095;
+
+/// `None` for an empty value (no report file), else the path, once it is known to
+/// name a file the kernel can open (its last component a name, not `.`, `..` or
+/// empty after a trailing `/`, of at most [`NAME_MAX`] bytes, the whole at most
+/// [`PATH_MAX`]) and its directory is known to exist and be writable (or the file
+/// itself writable: a bind-mounted `/dev/termination-log` in a read-only `/dev`).
+/// What the kernel would refuse at exit is refused now, when the report is not
+/// yet lost.
 fn check_report_file(s: &str) -> Result<Option<PathBuf>, String> {
     if s.is_empty() {
         return Ok(None);
     }
     no_nul(s)?;
+    let last = s.rsplit('/').next().unwrap_or(s);
+    if last.is_empty() || last == "." || last == ".." {
+        return Err(format!("'{s}' names a directory, not a file"));
+    }
+    if last.len() > NAME_MAX {
+        return Err(format!(
+            "'{s}': the file name is longer than {NAME_MAX} bytes"
+        ));
+    }
+    let absolute = std::env::current_dir()
+        .map(|d| d.join(s))
+        .unwrap_or_else(|_| PathBuf::from(s));
+    if absolute.as_os_str().len() > PATH_MAX {
+        return Err(format!("'{s}': the path is longer than {PATH_MAX} bytes"));
+    }
     let path = PathBuf::from(s);
     let dir = path
         .parent()
@@ -1137,7 +1180,7 @@ fn file_check(
         check_entry_name(name).map_err(at)?;
     }
     let timeout = match &c.timeout {
-        Some(t) => parse_duration(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
+        Some(t) => parse_timeout(t.get_ref()).map_err(|e| r.at("timeout", t.span()).error(&e))?,
         None => check_timeout,
     };
     Ok(Check {
@@ -1177,7 +1220,7 @@ fn resolve_teardown(
         }
         let timeout = match &t.timeout {
             Some(d) => {
-                parse_duration(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
+                parse_timeout(d.get_ref()).map_err(|e| r.at("timeout", d.span()).error(&e))?
             }
             None => teardown_timeout,
         };
@@ -1964,6 +2007,33 @@ mod tests {
         let e = load(&["--report-file", tmp.to_str().unwrap(), "true"], &[]).unwrap_err();
         assert_eq!(e.code, 78);
         assert!(e.message.contains("is a directory"), "{}", e.message);
+        // What the kernel would refuse at exit, when the report is lost, is
+        // refused at start: a trailing `/`, `.` or `..` (no file name), a name
+        // longer than 255 bytes, a path longer than 4095.
+        let dir = tmp.to_str().unwrap();
+        for (bad, why) in [
+            (format!("{dir}/new/"), "names a directory"),
+            (format!("{dir}/new/."), "names a directory"),
+            (format!("{dir}/.."), "names a directory"),
+            (
+                format!("{dir}/{}", "r".repeat(256)),
+                "longer than 255 bytes",
+            ),
+            (
+                format!("{dir}{}/r", "/.".repeat(2100)),
+                "longer than 4095 bytes",
+            ),
+        ] {
+            let e = load(&["--report-file", &bad, "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 78, "{bad}");
+            assert!(
+                e.message.contains("--report-file") && e.message.contains(why),
+                "{}",
+                e.message
+            );
+        }
+        let long = format!("{dir}/{}", "r".repeat(255));
+        assert!(load(&["--report-file", &long, "true"], &[]).is_ok());
         // An existing directory, and an existing device, are fine.
         let ok = std::env::temp_dir().join("drainit-report.json");
         let c = load(&["--report-file", ok.to_str().unwrap(), "true"], &[]).unwrap();

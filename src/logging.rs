@@ -360,12 +360,10 @@ fn render_line(
         String::new()
     };
     match format {
-        LogFormat::Text => match level {
-            log::Level::Info => format!("{prefix}drainit: {msg}\n"),
-            log::Level::Warn => format!("{prefix}drainit: warning: {msg}\n"),
-            log::Level::Error => format!("{prefix}drainit: error: {msg}\n"),
-            l => format!("{prefix}drainit: {}: {msg}\n", l.as_str().to_lowercase()),
-        },
+        LogFormat::Text => {
+            let msg = escape_controls(msg);
+            text_line(&prefix, level, &msg)
+        }
         LogFormat::Json => {
             let msg = serde_json::to_string(msg).unwrap_or_else(|_| "\"\"".into());
             let ts = at.map_or(String::new(), |t| format!(",\"ts\":\"{}\"", rfc3339(t)));
@@ -375,6 +373,38 @@ fn render_line(
             )
         }
     }
+}
+
+/// A text line: `drainit: MSG`, `drainit: warning: MSG`, … after `prefix`.
+fn text_line(prefix: &str, level: log::Level, msg: &str) -> String {
+    match level {
+        log::Level::Info => format!("{prefix}drainit: {msg}\n"),
+        log::Level::Warn => format!("{prefix}drainit: warning: {msg}\n"),
+        log::Level::Error => format!("{prefix}drainit: error: {msg}\n"),
+        l => format!("{prefix}drainit: {}: {msg}\n", l.as_str().to_lowercase()),
+    }
+}
+
+/// `msg` with every control character (C0, DEL, C1) written as an escape (`\n`,
+/// `\u{1b}`), so a text line stays one line: messages carry what others chose
+/// (a process's `comm`, which any process sets to any 15 bytes, paths, command
+/// words), and a newline in one would start a line of its own that reads as
+/// drainit's (`drainit: exit 0`; under journald with a `<N>` priority of its
+/// choosing), an escape sequence would drive the operator's terminal. JSON lines
+/// are escaped by JSON itself.
+fn escape_controls(msg: &str) -> std::borrow::Cow<'_, str> {
+    if !msg.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(msg);
+    }
+    let mut out = String::with_capacity(msg.len() + 8);
+    for c in msg.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The syslog priority of a level (sd-daemon(3): `<3>` SD_ERR, `<4>` SD_WARNING,
@@ -736,6 +766,24 @@ mod tests {
         assert!(!is_journal_stream("8:1234", 8, 1235));
         assert!(!is_journal_stream("garbage", 8, 1234));
         assert!(!is_journal_stream("", 8, 1234));
+    }
+
+    #[test]
+    fn control_characters_never_break_a_text_line() {
+        let evil = "12 (a\n<0>drainit: exit 0\u{1b}[2J\u{9b}\r)";
+        let line = format_line(LogFormat::Text, log::Level::Warn, evil);
+        assert_eq!(
+            line,
+            "drainit: warning: 12 (a\\n<0>drainit: exit 0\\u{1b}[2J\\u{9b}\\r)\n"
+        );
+        assert_eq!(line.lines().count(), 1);
+        // Nothing else changes: ordinary text and Unicode pass as is.
+        assert_eq!(
+            format_line(LogFormat::Text, log::Level::Info, "é ✓ \"q\""),
+            "drainit: é ✓ \"q\"\n"
+        );
+        let json = format_line(LogFormat::Json, log::Level::Info, evil);
+        assert_eq!(json.lines().count(), 1);
     }
 
     #[test]

@@ -395,8 +395,10 @@ impl Report {
 /// the app could not write itself. When the rename is refused because the target
 /// is a mount point (a bind-mounted file such as Kubernetes' `/dev/termination-log`:
 /// `EBUSY`), on another filesystem (`EXDEV`) or not ours to replace (`EPERM`), or
-/// when no temporary file can be created next to an existing target, the file is
-/// written in place as well, without following a symlink.
+/// when no temporary file can be created next to an existing target, or the
+/// temporary file's path would be longer than the kernel takes (a report path
+/// within a few bytes of `PATH_MAX`), the file is written in place as well,
+/// without following a symlink.
 ///
 /// # Errors
 /// Both ways failed; the error is the last one's.
@@ -421,7 +423,10 @@ fn write_file_with(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()>
         return write_in_place(path, bytes, sync, false);
     }
     match atomic(path, bytes, sync) {
-        Err(e) if existing.is_some() && may_write_in_place(&e) => {
+        Err(e)
+            if (existing.is_some() && may_write_in_place(&e))
+                || e.raw_os_error() == Some(libc::ENAMETOOLONG) =>
+        {
             write_in_place(path, bytes, sync, false)
         }
         r => r,
@@ -483,20 +488,18 @@ fn atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "report".into());
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.file_name().map_or(&b"report"[..], |n| n.as_bytes());
     let mut attempt = 0u32;
     let (tmp, mut f) = loop {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or_default();
-        let tmp = dir.join(format!(
-            ".{name}.{}.{:08x}.tmp",
+        let tmp = dir.join(temp_name(
+            name,
             std::process::id(),
-            nanos ^ attempt.wrapping_mul(0x9e37_79b9)
+            nanos ^ attempt.wrapping_mul(0x9e37_79b9),
         ));
         match std::fs::OpenOptions::new()
             .write(true)
@@ -524,6 +527,21 @@ fn atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// The temporary file's name for a report file named `name`:
+/// `.NAME.PID.SUFFIX.tmp`, with `NAME` cut short (at a byte, the name may be any
+/// bytes) so that the whole stays within the 255 bytes a file name may have: a
+/// report name of up to 255 bytes is valid, and its temporary name must be too.
+fn temp_name(name: &[u8], pid: u32, suffix: u32) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let tail = format!(".{pid}.{suffix:08x}.tmp");
+    let room = crate::config::NAME_MAX - 1 - tail.len();
+    let mut out = Vec::with_capacity(crate::config::NAME_MAX);
+    out.push(b'.');
+    out.extend_from_slice(&name[..name.len().min(room)]);
+    out.extend_from_slice(tail.as_bytes());
+    std::ffi::OsString::from_vec(out)
 }
 
 /// The text form of how a teardown step ended.
@@ -641,6 +659,27 @@ mod tests {
             1,
             "a temp file was left"
         );
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_report_name_of_any_valid_length_is_written() {
+        // 255 bytes is the longest name; the temporary file's name must fit too.
+        let d = tmp_dir("longname");
+        for n in [1, 200, 233, 234, 250, 255] {
+            let p = d.join("r".repeat(n));
+            write_file(&p, b"{}").unwrap_or_else(|e| panic!("{n} bytes: {e}"));
+            assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}\n");
+            std::fs::remove_file(&p).unwrap();
+        }
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            0,
+            "a temp file was left"
+        );
+        let t = temp_name(&[b'r'; 255], 4_194_304, u32::MAX);
+        assert_eq!(t.len(), crate::config::NAME_MAX);
+        assert_eq!(temp_name(b"r.json", 7, 1), ".r.json.7.00000001.tmp");
         std::fs::remove_dir_all(d).unwrap();
     }
 

@@ -8,7 +8,9 @@
 //!   a directory, a 2 MiB file;
 //! - a NUL byte in `report_file`, a teardown command or an exec check (it could
 //!   not reach the kernel, and used to fail only at exit);
-//! - a probe address explicitly given and taken: the message names `--probe-addr`.
+//! - a probe address explicitly given and taken: the message names `--probe-addr`;
+//!   one with port 0 (a port nobody is told);
+//! - a zero timeout for checks or teardown steps (flag, variable, file key).
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -194,4 +196,72 @@ fn a_taken_probe_address_names_the_flag() {
         "{}",
         o.stderr
     );
+}
+
+/// A probe address with port 0 is refused before the start (64 on the command line,
+/// 78 from the environment or file), as `--proxy` and `--ready-tcp` refuse it: it
+/// was bound to a port the kernel picked and nobody was told, so no platform probe
+/// and no `drainit --probe` could ever reach it.
+#[test]
+fn a_probe_address_with_port_0_is_refused() {
+    let tmp = TmpDir::new("probeaddr0");
+    for addr in ["127.0.0.1:0", "0.0.0.0:0", "[::]:0"] {
+        let o = run(&tmp, &["--probe-addr", addr], &[]);
+        assert_eq!(o.code, 64, "{addr}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("--probe-addr") && o.stderr.contains("no valid port"),
+            "{}",
+            o.stderr
+        );
+    }
+    let o = run(&tmp, &[], &[("DRAINIT_PROBE_ADDR", b"0.0.0.0:0")]);
+    assert_eq!(o.code, 78, "{}", o.stderr);
+    assert!(o.stderr.contains("DRAINIT_PROBE_ADDR"), "{}", o.stderr);
+}
+
+/// A zero timeout for a check or a teardown step is refused at start, naming where
+/// it was given: a teardown step with `0s` was "timed out after 0s" at exit (exit 2
+/// on every clean drain), and a check with one passed or failed by a race with the
+/// timer.
+#[test]
+fn a_zero_check_or_teardown_timeout_is_refused_at_start() {
+    let tmp = TmpDir::new("zero-timeout");
+    for flag in ["--teardown-timeout", "--check-timeout"] {
+        for zero in ["0", "0s", "0ms"] {
+            let out = run(&tmp, &["--probe-addr=off", flag, zero], &[]);
+            assert_eq!(out.code, 64, "{flag} {zero}: {}", out.stderr);
+            assert!(
+                out.stderr.contains(flag) && out.stderr.contains("greater than 0"),
+                "{}",
+                out.stderr
+            );
+        }
+    }
+    for var in ["DRAINIT_TEARDOWN_TIMEOUT", "DRAINIT_CHECK_TIMEOUT"] {
+        let out = run(&tmp, &["--probe-addr=off"], &[(var, b"0s")]);
+        assert_eq!(out.code, 78, "{var}: {}", out.stderr);
+        assert!(out.stderr.contains(var), "{}", out.stderr);
+    }
+    for (file, at) in [
+        (
+            "[[teardown]]\ncommand = [\"true\"]\ntimeout = \"0s\"\n",
+            ":3:11",
+        ),
+        ("[[check]]\nfile = \"/\"\ntimeout = \"0ms\"\n", ":3:11"),
+        ("teardown_timeout = \"0s\"\n", ":1:20"),
+    ] {
+        let path = tmp.join("zero.toml");
+        std::fs::write(&path, file).unwrap();
+        let out = run(
+            &tmp,
+            &["--probe-addr=off", "--config", path.to_str().unwrap()],
+            &[],
+        );
+        assert_eq!(out.code, 78, "{file}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(at) && out.stderr.contains("greater than 0"),
+            "{file}: {}",
+            out.stderr
+        );
+    }
 }

@@ -962,3 +962,44 @@ fn a_stop_signal_that_reaches_drainit_and_the_child_at_once_is_a_drain() {
     assert_eq!(text(&rep, "reason"), "drained");
     assert_eq!(text(&rep, "child.exit.signal"), "SIGTERM");
 }
+
+/// What an exec check leaves running in its process group when it exits (`sh -c
+/// 'x & exit 0'`) is killed with the check: left, it was re-parented to drainit and
+/// taken for the app's work, one more for every `/readyz`, counted in flight,
+/// signalled at the drain and, ignoring SIGTERM, SIGKILLed at the deadline and
+/// reported abandoned: exit 2 after the app itself drained cleanly.
+#[test]
+fn what_an_exec_check_leaves_behind_is_not_the_apps_work() {
+    for mode in BOTH {
+        let probe = free_port();
+        let addr = format!("--probe-addr=127.0.0.1:{probe}");
+        let check = "sh -c 'trap \"\" TERM; sleep 30 & exit 0'";
+        let mut r = Running::start(
+            mode,
+            &[
+                &addr,
+                "--pre-drain-delay=0s",
+                "--drain-timeout=1s",
+                "--ready-exec",
+                check,
+                "--",
+                "sleep",
+                "30",
+            ],
+        );
+        assert!(
+            wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+            "{mode:?}: never ready\n{}",
+            r.stderr_text()
+        );
+        for _ in 0..5 {
+            assert_eq!(http(probe, "/readyz", "GET").0, 200, "{mode:?}");
+        }
+        r.signal(15);
+        let (rc, _) = r.wait(secs(10));
+        let rep = r.report();
+        assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
+        assert_eq!(rep["abandoned"], serde_json::json!([]), "{mode:?}: {rep}");
+        assert_eq!(num(&rep, "drain.in_flight_at_start"), 1, "{mode:?}: {rep}");
+    }
+}

@@ -250,3 +250,58 @@ fn with_a_writer_thread_the_c_librarys_signals_stay_blocked() {
         "{log}"
     );
 }
+
+/// A process's `comm` is any 15 bytes the process chose (`prctl(PR_SET_NAME)`), and
+/// drainit names processes in its log lines (the progress line, the abandoned
+/// warning): an app that names itself `\n<0>drainit…` made drainit write a
+/// line of its own that read as drainit's, with a journald priority of the app's
+/// choice, and an escape sequence reached the operator's terminal. Each text line
+/// stays one line, its control characters escaped; the report keeps the name as is
+/// (JSON escapes it).
+#[test]
+fn a_process_name_with_a_newline_cannot_forge_a_log_line() {
+    let app = "import ctypes, signal, time\n\
+               signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+               ctypes.CDLL(None).prctl(15, b'\\n<0>drainit\\x1b[2J', 0, 0, 0)\n\
+               open('$TMP/named', 'w').close()\n\
+               time.sleep(30)\n";
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            OFF,
+            "--pre-drain-delay=0s",
+            "--drain-timeout=1200ms",
+            "--",
+            python(),
+            "-c",
+            app,
+        ],
+    );
+    assert!(
+        wait_until(secs(10), || r.path("named").exists()),
+        "{}",
+        r.stderr_text()
+    );
+    r.signal(15);
+    assert_eq!(r.wait(secs(10)).0, 2, "{}", r.stderr_text());
+    let text = r.stderr_text();
+    for line in text.lines() {
+        assert!(
+            line.starts_with("drainit: ") || line.starts_with('{'),
+            "a line drainit did not write:\n{text}"
+        );
+        assert!(
+            !line.contains('\u{1b}'),
+            "an escape reached stderr:\n{text}"
+        );
+    }
+    assert!(
+        text.contains(r"(\n<0>drainit\u{1b}[2J)"),
+        "the name is not shown escaped:\n{text}"
+    );
+    let rep = r.report();
+    assert_eq!(
+        rep["abandoned"][0]["comm"], "\n<0>drainit\u{1b}[2J",
+        "{rep}"
+    );
+}

@@ -619,9 +619,10 @@ fn closed_standard_fds_become_dev_null() {
     let tmp = TmpDir::new("closed-fds");
     let out = tmp.join("out");
     let script = format!(
-        "exec 0<&- 2>&-; exec {} --probe-addr 127.0.0.1:0 --log-level off -- sh -c \
+        "exec 0<&- 2>&-; exec {} --probe-addr 127.0.0.1:{} --log-level off -- sh -c \
          'for fd in 0 2; do readlink /proc/$PPID/fd/$fd /proc/self/fd/$fd; done' > {}",
         bin(),
+        free_port(),
         out.display()
     );
     let st = std::process::Command::new("sh")

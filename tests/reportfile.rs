@@ -84,3 +84,59 @@ fn an_operators_symlink_is_still_followed() {
     let text = std::fs::read_to_string(&target).unwrap();
     assert!(text.contains(r#""reason":"child_exited""#), "{text}");
 }
+
+/// A report name of up to 255 bytes (the longest a file name may be) gets its
+/// reports, partial and final: the temporary file's name, longer than the report's,
+/// once made the rename fail at exit ("File name too long") and the report was lost.
+#[test]
+fn a_report_file_with_the_longest_name_is_written() {
+    let scratch = TmpDir::new("report-long-name");
+    let report = scratch.join(&"r".repeat(250));
+    let report_s = report.display().to_string();
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            OFF,
+            "--pre-drain-delay=0s",
+            "--report-file",
+            &report_s,
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    r.child_running("sleep");
+    r.signal(15);
+    assert_eq!(r.wait(secs(10)).0, 0, "{}", r.stderr_text());
+    assert!(!r.stderr_text().contains("error"), "{}", r.stderr_text());
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    assert!(
+        text.contains(r#""final":true"#) && text.contains(r#""reason":"drained""#),
+        "{text}\n{}",
+        r.stderr_text()
+    );
+}
+
+/// A report path the kernel cannot open as a file (a trailing `/`, a name longer
+/// than 255 bytes) is a configuration error before anything starts (78), not an
+/// error at exit when the report is lost.
+#[test]
+fn a_report_path_that_names_no_file_is_refused_before_the_start() {
+    let scratch = TmpDir::new("report-no-file");
+    let started = scratch.join("started");
+    let app = format!("touch {}", started.display());
+    for bad in [
+        scratch.join("new/").display().to_string() + "/",
+        scratch.join(&"r".repeat(256)).display().to_string(),
+    ] {
+        let mut r = Running::start(
+            Mode::Subreaper,
+            &[OFF, "--report-file", &bad, "--", "sh", "-c", &app],
+        );
+        let (rc, _) = r.wait(secs(10));
+        let err = r.stderr_text();
+        assert_eq!(rc, 78, "{err}");
+        assert!(err.contains("--report-file"), "{err}");
+        assert!(!started.exists(), "the child was started: {err}");
+    }
+}

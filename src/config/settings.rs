@@ -301,7 +301,7 @@ pub(super) static SETTINGS: [Setting; 21] = [
         default: "1s",
         millis_env: None,
         set: |c, g| {
-            c.check_timeout = g.one(parse_duration)?;
+            c.check_timeout = g.one(parse_timeout)?;
             Ok(())
         },
         show: show_nothing,
@@ -326,7 +326,7 @@ pub(super) static SETTINGS: [Setting; 21] = [
         default: "5s",
         millis_env: None,
         set: |c, g| {
-            c.teardown_timeout = g.one(parse_duration)?;
+            c.teardown_timeout = g.one(parse_timeout)?;
             Ok(())
         },
         show: show_nothing,
