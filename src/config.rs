@@ -504,12 +504,27 @@ fn parse_proxy(s: &str) -> Result<ProxySpec, String> {
         listen: addr(listen, "listen address")?,
         upstream: addr(upstream, "upstream")?,
     };
-    if spec.listen == spec.upstream {
+    if is_own_upstream(spec) {
         return Err(format!(
             "'{s}': the proxy cannot listen on its own upstream"
         ));
     }
     Ok(spec)
+}
+
+/// The upstream is the proxy's own listener: the same address, or the same port
+/// where one side is a wildcard (`0.0.0.0`, `[::]`, which a dual-stack socket
+/// shares) and the other a loopback or wildcard address (a connect to `0.0.0.0`
+/// reaches this host). Every request would come back to drainit, hop after hop,
+/// until its `X-Forwarded-For` grew past the header limit.
+fn is_own_upstream(spec: ProxySpec) -> bool {
+    let (l, u) = (
+        spec.listen.ip().to_canonical(),
+        spec.upstream.ip().to_canonical(),
+    );
+    let local = |ip: std::net::IpAddr| ip.is_loopback() || ip.is_unspecified();
+    spec.listen.port() == spec.upstream.port()
+        && (l == u || (l.is_unspecified() && local(u)) || (u.is_unspecified() && local(l)))
 }
 
 fn parse_proxy_health(s: &str) -> Result<String, String> {
@@ -1424,6 +1439,31 @@ mod tests {
     impl Env for MapEnv {
         fn get(&self, key: &str) -> Option<String> {
             self.0.get(key).cloned()
+        }
+    }
+
+    #[test]
+    fn a_proxy_is_refused_as_its_own_upstream_but_not_beside_it() {
+        let own = |s: &str| parse_proxy(s).is_err_and(|e| e.contains("its own upstream"));
+        for s in [
+            "127.0.0.1:8080=127.0.0.1:8080",
+            "0.0.0.0:8080=127.0.0.1:8080",
+            "0.0.0.0:8080=0.0.0.0:8080",
+            "[::]:8080=127.0.0.1:8080",
+            "[::]:8080=[::1]:8080",
+            "127.0.0.1:8080=0.0.0.0:8080",
+        ] {
+            assert!(own(s), "{s}");
+        }
+        // Another port, another host, or a loopback address the listener does
+        // not cover: a real upstream.
+        for s in [
+            "0.0.0.0:8080=127.0.0.1:8081",
+            "0.0.0.0:8080=10.0.0.7:8080",
+            "127.0.0.1:8080=127.0.0.2:8080",
+            "10.0.0.7:8080=127.0.0.1:8080",
+        ] {
+            assert!(parse_proxy(s).is_ok(), "{s}");
         }
     }
 

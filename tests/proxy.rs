@@ -2212,6 +2212,10 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
         "127.0.0.1:x=127.0.0.1:8081",
         "127.0.0.1:8080=127.0.0.1:99999",
         "127.0.0.1:8080=127.0.0.1:8080",
+        // A wildcard listener is its own upstream on a loopback address.
+        "0.0.0.0:8080=127.0.0.1:8080",
+        "[::]:8080=localhost:8080",
+        "[::1]:8080=[::]:8080",
     ] {
         let mut args = vec![OFF, "--proxy", bad];
         args.extend(touch);
