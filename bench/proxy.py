@@ -269,6 +269,10 @@ def main():
     ap.add_argument("--drainit", default="")
     ap.add_argument("--drainit-skip", default="", help="why drainit is skipped")
     ap.add_argument("--drainit-alt", default="", help="a second drainit build to compare")
+    ap.add_argument(
+        "--extra", action="append", default=[],
+        help="NAME=BINARY: a reference proxy taking --proxy LISTEN=UPSTREAM (bench/floor)",
+    )
     ap.add_argument("--command", default="bench/proxy.sh")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -378,6 +382,19 @@ backend app
             procs.append(proc)
             if not wait_port(ports[name], proc):
                 sys.exit(f"{binary} --proxy did not start; see {w}/{name}.log")
+            paths.append(Path(name, ports[name], proc, [proc.pid]))
+
+        # reference proxies (BENCH_FLOORS=1: bench/floor's byte copy and minimal
+        # HTTP/1 path), started like drainit without its other flags
+        for extra in args.extra:
+            name, binary = extra.split("=", 1)
+            ports[name] = free_port()
+            proc = start(
+                [binary, "--proxy", f"127.0.0.1:{ports[name]}=127.0.0.1:{ports['app']}"], name, w
+            )
+            procs.append(proc)
+            if not wait_port(ports[name], proc):
+                sys.exit(f"{binary} did not start; see {w}/{name}.log")
             paths.append(Path(name, ports[name], proc, [proc.pid]))
 
         hap = start([args.haproxy, "-db", "-f", hap_conf], "haproxy", w)

@@ -12,7 +12,9 @@
 # BENCH_RATE_SECS (3 s per round), BENCH_MAX_SECS (2 s per round); BENCH_KEEP=1
 # keeps the scratch directory (configurations, logs); BENCH_NICE=-10 runs it all at
 # that niceness (same for every path) on a machine busy with other work;
-# BENCH_DRAINIT_ALT=path adds a second drainit build as path "drainit-alt".
+# BENCH_DRAINIT_ALT=path adds a second drainit build as path "drainit-alt";
+# BENCH_FLOORS=1 builds bench/floor and adds its two reference proxies, "floor-copy"
+# (bytes copied, no HTTP) and "floor-http1" (a minimal HTTP/1 path without hyper).
 #
 # Installs what is missing: haproxy and nginx (apt-get), oha (cargo install oha
 # --locked, a few minutes once). Needs python3. About 4 minutes; --quick (one round) about 30 s.
@@ -29,7 +31,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=(--quick) ;;
         -h | --help)
-            sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         -*) echo "bench-proxy: unknown option $1" >&2; exit 64 ;;
@@ -85,6 +87,13 @@ if [ -n "$alt" ]; then
     say "drainit-alt: $alt"
 fi
 
+extras=()
+if [ -n "${BENCH_FLOORS:-}" ]; then
+    say "building bench/floor (reference proxies)"
+    cargo build -q --release --manifest-path "$here/floor/Cargo.toml" --target-dir "$repo/target/bench-floor" >&2
+    for f in floor-copy floor-http1; do extras+=(--extra "$f=$repo/target/bench-floor/release/$f"); done
+fi
+
 work=$(mktemp -d /tmp/drainit-bench-proxy.XXXXXX)
 # BENCH_KEEP=1 keeps the scratch directory (configurations, logs) for a look afterwards.
 if [ -n "${BENCH_KEEP:-}" ]; then say "keeping $work"; else trap 'rm -rf "$work"' EXIT; fi
@@ -99,4 +108,4 @@ if [ -n "${BENCH_NICE:-}" ]; then nice=(nice -n "$BENCH_NICE"); say "niceness $B
     --workdir "$work" --oha "$(command -v oha)" \
     --nginx "$(command -v nginx)" --haproxy "$(command -v haproxy)" \
     --drainit "$drainit" --drainit-skip "$skip" --drainit-alt "$alt" \
-    --command "$command_line" "${quick[@]}"
+    --command "$command_line" "${extras[@]}" "${quick[@]}"
