@@ -596,9 +596,14 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<(bool,
 
 /// `impl AsyncWrite` for a wrapper of a `TcpStream` in its field `tcp`: writes
 /// go straight to the socket (vectored writes too). For [`Rewind`] and the
-/// app-side [`upstream`] wrapper, which differ only in how they read.
+/// app-side [`upstream`] wrapper, which differ only in how they read. With a
+/// method name after the type, that method of the wrapper is called after
+/// each flush that succeeded ([`Rewind::flushed`]).
 macro_rules! write_through_tcp {
     ($wrapper:ty) => {
+        $crate::proxy::write_through_tcp!($wrapper, |_w: &mut $wrapper| {});
+    };
+    ($wrapper:ty, $after_flush:expr) => {
         impl tokio::io::AsyncWrite for $wrapper {
             fn poll_write(
                 mut self: std::pin::Pin<&mut Self>,
@@ -624,7 +629,12 @@ macro_rules! write_through_tcp {
                 mut self: std::pin::Pin<&mut Self>,
                 cx: &mut std::task::Context<'_>,
             ) -> std::task::Poll<std::io::Result<()>> {
-                std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+                let flushed = std::pin::Pin::new(&mut self.tcp).poll_flush(cx);
+                if let std::task::Poll::Ready(Ok(())) = flushed {
+                    let after: fn(&mut $wrapper) = $after_flush;
+                    after(&mut *self);
+                }
+                flushed
             }
 
             fn poll_shutdown(
@@ -643,6 +653,82 @@ use write_through_tcp;
 struct Rewind {
     pre: Bytes,
     tcp: tokio::net::TcpStream,
+    /// HTTP/1: the requests whose response is written whole once hyper's
+    /// next flush succeeds.
+    unflushed: Option<std::sync::Arc<Unflushed>>,
+}
+
+impl Rewind {
+    /// hyper flushed: its write buffer was empty, every byte of the
+    /// responses it took whole is in the kernel's hands.
+    fn flushed(&mut self) {
+        if let Some(u) = &self.unflushed {
+            u.flushed();
+        }
+    }
+}
+
+/// The admitted requests of one HTTP/1 client connection whose response's
+/// last frame hyper has taken but may not have written yet (it buffers up to
+/// a few hundred KiB for a client slower than the app): they stay in flight
+/// until hyper's next successful flush of the connection, which comes only
+/// once its write buffer is empty, and are `completed` then. Dropped with the
+/// connection before that (drainit cut it, or the client went), they are
+/// `abandoned` or `canceled` as any request cut mid-response: a client that
+/// got a cut response is never counted `completed`, and the drain signal
+/// waits for the last bytes as for the rest of the response.
+struct Unflushed {
+    shared: &'static Shared,
+    /// Whether `pending` holds any: read on every flush, without the lock.
+    any: AtomicBool,
+    pending: std::sync::Mutex<Vec<Admitted<'static>>>,
+}
+
+impl Unflushed {
+    fn new(shared: &'static Shared) -> Unflushed {
+        Unflushed {
+            shared,
+            any: AtomicBool::new(false),
+            pending: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Admitted<'static>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `admitted`'s response was taken whole by hyper: `completed` at the
+    /// next flush.
+    fn push(&self, admitted: Admitted<'static>) {
+        self.lock().push(admitted);
+        self.any.store(true, SeqCst);
+    }
+
+    /// Settles the pending requests `completed`.
+    fn flushed(&self) {
+        if self.any.swap(false, SeqCst) {
+            let done = std::mem::take(&mut *self.lock());
+            for mut a in done {
+                a.settle(Outcome::Completed);
+            }
+            self.shared.settled();
+        }
+    }
+}
+
+impl Drop for Unflushed {
+    fn drop(&mut self) {
+        // Not flushed: the connection was cut (or the client went) with their
+        // last bytes unwritten: each settles `canceled`, or `abandoned` after
+        // drainit's cut.
+        let left = std::mem::take(&mut *self.lock());
+        if !left.is_empty() {
+            drop(left);
+            self.shared.settled();
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Rewind {
@@ -661,7 +747,7 @@ impl tokio::io::AsyncRead for Rewind {
     }
 }
 
-write_through_tcp!(Rewind);
+write_through_tcp!(Rewind, Rewind::flushed);
 
 /// Yields when the gate reaches `at` after this receiver last looked (a gate
 /// already there when the connection came does not count: a new connection is
@@ -707,9 +793,11 @@ async fn connection(
         // (load balancers and browsers open them ahead), not a malformed request.
         Ok(Ok(None) | Err(_)) | Err(_) => return,
     };
+    let unflushed = (!h2).then(|| std::sync::Arc::new(Unflushed::new(shared)));
     let io = TokioIo::new(Rewind {
         pre: Bytes::from(pre),
         tcp,
+        unflushed: unflushed.clone(),
     });
     // The client's address as X-Forwarded-For and Forwarded want it, once per
     // connection.
@@ -718,12 +806,13 @@ async fn connection(
     let resets = h2.then(|| std::sync::Arc::new(Resets::default()));
     let counted = resets.clone();
     let service = hyper::service::service_fn(move |req| {
-        let (peer_ip, slot) = (peer_ip.clone(), slot.clone());
+        let (peer_ip, slot, unflushed) = (peer_ip.clone(), slot.clone(), unflushed.clone());
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         let opened = counted.as_ref().map(|r| Opened::new(r.clone()));
         async move {
-            let resp = handle(req, peer_ip, shared, clients, slot).await;
+            let mut resp = handle(req, peer_ip, shared, clients, slot).await;
+            resp.body_mut().unflushed = unflushed;
             if let Some(u) = unanswered {
                 u.answered();
             }
@@ -952,6 +1041,9 @@ pub struct ProxyBody {
     /// The upstream connection the response comes on: back to the pool when
     /// the body goes (after `inner`, so an unread body closes it first).
     lease: Option<upstream::Lease>,
+    /// An HTTP/1 response's connection: its request is `completed` once
+    /// the connection is flushed after the last frame, not when hyper takes it.
+    unflushed: Option<std::sync::Arc<Unflushed>>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -983,6 +1075,7 @@ impl ProxyBody {
             body_fate: None,
             stall: None,
             lease: None,
+            unflushed: None,
         }
     }
 
@@ -996,6 +1089,14 @@ impl ProxyBody {
 
     fn settle(&mut self, outcome: Outcome) {
         if let Some(mut a) = self.admitted.take() {
+            // Taken whole by hyper, maybe not written yet: completed when the
+            // connection is flushed (an SSE's request settled at its head).
+            if outcome == Outcome::Completed
+                && let Some(u) = &self.unflushed
+            {
+                u.push(a);
+                return;
+            }
             a.settle(outcome);
             drop(a);
             if let Some(s) = self.shared {
@@ -1895,6 +1996,7 @@ mod tests {
                 let mut io = Rewind {
                     pre: Bytes::from(pre),
                     tcp,
+                    unflushed: None,
                 };
                 let mut again = Vec::new();
                 io.read_to_end(&mut again).await.unwrap();

@@ -236,6 +236,45 @@ impl Conn {
         Conn { s, buf: Vec::new() }
     }
 
+    /// A connection whose receive buffer is 4 KiB (`SO_RCVBUF`, set before
+    /// the connect so the window is small from the start): what the client has
+    /// not read stays on drainit's side, as for a client on a slow link.
+    fn open_small_window(port: u16) -> Conn {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a new socket of our own, its descriptor handed to the
+        // TcpStream that owns and closes it.
+        let s = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+            let size: libc::c_int = 4096;
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&raw const size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+            let addr = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let r = libc::connect(
+                fd,
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
+            TcpStream::from_raw_fd(fd)
+        };
+        s.set_read_timeout(Some(secs(10))).unwrap();
+        s.set_write_timeout(Some(secs(30))).unwrap();
+        Conn { s, buf: Vec::new() }
+    }
+
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.s.write_all(bytes)
     }
@@ -1304,6 +1343,66 @@ fn a_response_still_streaming_at_the_deadline_is_abandoned() {
         }
     }
     assert!(!ended, "a cut response ended like a whole one");
+}
+
+/// A response the app finished but drainit had not written out yet (hyper
+/// buffers a few hundred KiB for a client slower than the app) is still in
+/// flight: the drain signal waits for its last bytes, and it is `completed`
+/// only once they are written. Before, it was `completed` when hyper took its
+/// last frame, the forward went, the app exited, and drainit's exit cut the
+/// client's download short of its end: exit 0, a completed request, a
+/// truncated body.
+#[test]
+fn a_slow_client_gets_the_whole_response_before_it_counts_completed_and_the_drain_ends() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "8s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = Conn::open_small_window(px.port);
+    c.request("GET", "/big?mb=4", &[], None).unwrap();
+    let (st, _) = c.head().unwrap();
+    assert_eq!(st, 200);
+    // A reader slower than the app (a 4 KiB window, 64 KiB per 15 ms), so that
+    // drainit holds unwritten bytes when the app is done; the drain starts
+    // mid-download.
+    let mut got = 0usize;
+    let mut ended = false;
+    let started = Instant::now();
+    while started.elapsed() < secs(8) {
+        match c.chunk() {
+            Ok(ch) if ch.is_empty() => {
+                ended = true;
+                break;
+            }
+            Ok(ch) => got += ch.len(),
+            Err(e) => {
+                eprintln!("download cut after {got} bytes: {e}");
+                break;
+            }
+        }
+        if got == 64 << 10 {
+            px.term();
+        }
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    let (code, rep) = px.finish(secs(10));
+    assert!(
+        ended && got == 4 << 20,
+        "the client got {got} of {} bytes, ended: {ended}; report {rep}{}",
+        4 << 20,
+        px.ctx()
+    );
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
 }
 
 #[test]
