@@ -1307,7 +1307,8 @@ async fn handle(
         }
         return r;
     }
-    shared.ledger.received();
+    // Counted `received` with its outcome, in one write: `rejected` here, or
+    // admitted below.
     if gate != Gate::Ready && gate != Gate::Closing {
         shared.ledger.rejected();
         let why = if gate == Gate::NotReady {
