@@ -709,8 +709,8 @@ impl Unflushed {
     /// Settles the pending requests `completed`.
     fn flushed(&self) {
         if self.any.swap(false, SeqCst) {
-            let done = std::mem::take(&mut *self.lock());
-            for mut a in done {
+            // Drained in place: the list keeps its room for the next response.
+            for mut a in self.lock().drain(..) {
                 a.settle(Outcome::Completed);
             }
             self.shared.settled();
