@@ -160,6 +160,9 @@ struct Shared {
     /// Client connections whose first request has not been answered yet
     /// ([`Unanswered`]).
     unanswered: AtomicUsize,
+    /// Requests being answered drainit's own 503 ([`Rejecting`]): their body
+    /// is read first, and [`Proxy::stop`] waits a moment for them.
+    rejecting: AtomicUsize,
     /// The ways to the app (its HTTP/1 pool, its HTTP/2 client).
     clients: Clients,
     /// When the last connection was accepted or the drain signal forwarded,
@@ -325,6 +328,7 @@ impl Proxy {
                 streams: StreamSet::default(),
                 spread,
                 unanswered: AtomicUsize::new(0),
+                rejecting: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
                 stirred_ms: std::sync::atomic::AtomicU64::new(0),
                 born: Instant::now(),
@@ -465,7 +469,8 @@ impl Proxy {
     /// Cuts what is in flight (`abandoned`) and stops the proxy thread: the
     /// listener and every connection are closed. Returns when the thread has
     /// settled every request (a few ms; at most [`STOP_SETTLE`] more while a
-    /// request is in flight or, after a forward, a connection's first request
+    /// request is in flight or being answered drainit's 503
+    /// ([`Rejecting`]) or, after a forward, a connection's first request
     /// is unanswered or [`STOP_QUIET`] has not passed since the forward or the
     /// last connection).
     pub fn stop(&mut self) {
@@ -478,12 +483,14 @@ impl Proxy {
         // request now (OPENING_GRACE), and it needs only drainit's 503, not the app.
         // And the clients whose idle connection the forward closed, reconnecting
         // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
-        // queue at the exit, a reset.
+        // queue at the exit, a reset. And the 503s still reading their
+        // request's body (Rejecting): counted `rejected`, they must go out.
         let ledger = &self.shared.ledger;
         let forwarded = self.shared.gate() >= Gate::Forwarded;
         let until = Instant::now() + STOP_SETTLE;
         while !ledger.cutting()
             && (ledger.in_flight() > 0
+                || self.shared.rejecting.load(SeqCst) > 0
                 || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
@@ -1044,6 +1051,8 @@ pub struct ProxyBody {
     /// An HTTP/1 response's connection: its request is `completed` once
     /// the connection is flushed after the last frame, not when hyper takes it.
     unflushed: Option<std::sync::Arc<Unflushed>>,
+    /// drainit's 503 to a `rejected` request: counted until written.
+    rejecting: Option<Rejecting>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -1076,6 +1085,7 @@ impl ProxyBody {
             stall: None,
             lease: None,
             unflushed: None,
+            rejecting: None,
         }
     }
 
@@ -1311,6 +1321,7 @@ async fn handle(
     // admitted below.
     if gate != Gate::Ready && gate != Gate::Closing {
         shared.ledger.rejected();
+        let rejecting = Rejecting::new(shared);
         let why = if gate == Gate::NotReady {
             "not ready"
         } else {
@@ -1322,7 +1333,9 @@ async fn handle(
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        return unavailable(why, gate, version);
+        let mut r = unavailable(why, gate, version);
+        r.body_mut().rejecting = Some(rejecting);
+        return r;
     }
     // Declared before `admitted`, so dropped after it: when hyper drops this
     // future (the client went away while the app works on its request), the
@@ -1338,13 +1351,16 @@ async fn handle(
     // read again now that this request counts (both sides SeqCst: one of them
     // sees the other). Closed now: it never reaches the app.
     if shared.gate() >= Gate::Closed {
+        let rejecting = Rejecting::new(shared);
         admitted.refused();
         drop(admitted);
         shared.settled();
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        return unavailable("draining", shared.gate(), version);
+        let mut r = unavailable("draining", shared.gate(), version);
+        r.body_mut().rejecting = Some(rejecting);
+        return r;
     }
     let upgrading = wants_upgrade(req.headers());
     let websocket = upgrading
@@ -1577,6 +1593,28 @@ enum BodyFate {
     Gone = 1,
     /// The client sent nothing for [`BODY_IDLE`].
     Stalled = 2,
+}
+
+/// A request counted `rejected` whose 503 is not written yet (drainit reads
+/// its body first, up to [`REJECT_BODY_MAX`] or 1 s, so that the answer is not
+/// lost to a reset): counted in [`Shared::rejecting`] until the 503's body,
+/// which holds it, is dropped by hyper, in the same poll as the write and
+/// flush of the whole answer. [`Proxy::stop`] waits for these (at most
+/// [`STOP_SETTLE`]): a client counted `rejected` gets its 503, not a
+/// connection cut by drainit's exit.
+struct Rejecting(&'static Shared);
+
+impl Rejecting {
+    fn new(shared: &'static Shared) -> Rejecting {
+        shared.rejecting.fetch_add(1, SeqCst);
+        Rejecting(shared)
+    }
+}
+
+impl Drop for Rejecting {
+    fn drop(&mut self) {
+        self.0.rejecting.fetch_sub(1, SeqCst);
+    }
 }
 
 /// Tells the supervisor a request may have settled ([`Shared::settled`]) when

@@ -1873,6 +1873,73 @@ fn a_connection_opened_before_the_forward_whose_request_comes_after_gets_the_503
     assert_eq!(counts(&rep)[..3], [2, 1, 1], "{rep}");
 }
 
+/// A request that comes after admission closed is counted `rejected` and gets
+/// drainit's 503 once its body is read (so that the answer is not lost to a
+/// reset). When the app exits while that body is still coming, drainit's exit
+/// waits for the 503 as it waits for a request in flight (at most 200 ms):
+/// before, it exited 50 ms after the forward and cut the connection, and the
+/// report counted a `rejected` request (safe to retry: it got a 503) whose
+/// client got no answer at all.
+#[test]
+fn a_503_still_reading_its_request_body_when_the_app_exits_goes_out() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "300ms",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    assert_eq!(c.get("/ok", &[]).unwrap().status, 200);
+    // In flight across beat 3: the forward waits for it.
+    let mut slow = px.conn();
+    slow.request("GET", "/slow?ms=700", &[], None).unwrap();
+    px.term();
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
+        "admission never closed{}",
+        px.ctx()
+    );
+    // The idle keep-alive connection sends a POST with half its body.
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 20000\r\n\r\n")
+        .unwrap();
+    c.send(&[b'u'; 10000]).unwrap();
+    assert_eq!(slow.response(false).unwrap().status, 200);
+    let exited = wait_for(secs(5), || px.logged_t("exit 0")).unwrap_or_else(|| {
+        panic!("the app never exited{}", px.ctx());
+    });
+    // The rest of the body comes 100 ms after the app's exit: after drainit's
+    // 50 ms of quiet since the forward, within its 200 ms for what is unanswered.
+    std::thread::sleep(Duration::from_millis(
+        (exited + 100).saturating_sub(now_ms()).min(100),
+    ));
+    let late = now_ms().saturating_sub(exited);
+    let sent = c.send(&[b'u'; 10000]);
+    let resp = c.response(false);
+    assert!(
+        late < 180,
+        "the machine is too slow: the body's end went {late} ms after the app's exit"
+    );
+    let resp = match (sent, resp) {
+        (Ok(()), Ok(r)) => r,
+        (s, r) => panic!(
+            "the rejected request got no answer: send {s:?}, response {r:?}{}",
+            px.ctx()
+        ),
+    };
+    assert_draining_503(&resp, "a request whose body was still coming at the exit");
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [3, 1, 2], "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
+}
+
 /// The same with an app that exits at once on its drain signal: drainit's exit
 /// does not cut the connection whose request is on its way (the report would
 /// call the drain clean while that client got no answer at all).
