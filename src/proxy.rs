@@ -160,6 +160,9 @@ struct Shared {
     /// Client connections whose first request has not been answered yet
     /// ([`Unanswered`]).
     unanswered: AtomicUsize,
+    /// Requests being answered drainit's own 503 ([`Rejecting`]): their body
+    /// is read first, and [`Proxy::stop`] waits a moment for them.
+    rejecting: AtomicUsize,
     /// The ways to the app (its HTTP/1 pool, its HTTP/2 client).
     clients: Clients,
     /// When the last connection was accepted or the drain signal forwarded,
@@ -328,6 +331,7 @@ impl Proxy {
                 streams: StreamSet::default(),
                 spread,
                 unanswered: AtomicUsize::new(0),
+                rejecting: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
                 stirred_ms: std::sync::atomic::AtomicU64::new(0),
                 deadline: AtomicBool::new(false),
@@ -469,7 +473,8 @@ impl Proxy {
     /// Cuts what is in flight (`abandoned`) and stops the proxy thread: the
     /// listener and every connection are closed. Returns when the thread has
     /// settled every request (a few ms; at most [`STOP_SETTLE`] more while a
-    /// request is in flight or, after a forward, a connection's first request
+    /// request is in flight or being answered drainit's 503
+    /// ([`Rejecting`]) or, after a forward, a connection's first request
     /// is unanswered or [`STOP_QUIET`] has not passed since the forward or the
     /// last connection).
     pub fn stop(&mut self) {
@@ -482,12 +487,14 @@ impl Proxy {
         // request now (OPENING_GRACE), and it needs only drainit's 503, not the app.
         // And the clients whose idle connection the forward closed, reconnecting
         // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
-        // queue at the exit, a reset.
+        // queue at the exit, a reset. And the 503s still reading their
+        // request's body (Rejecting): counted `rejected`, they must go out.
         let ledger = &self.shared.ledger;
         let forwarded = self.shared.gate() >= Gate::Forwarded;
         let until = Instant::now() + STOP_SETTLE;
         while !ledger.cutting()
             && (ledger.in_flight() > 0
+                || self.shared.rejecting.load(SeqCst) > 0
                 || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
@@ -601,9 +608,14 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<Option<(bool,
 
 /// `impl AsyncWrite` for a wrapper of a `TcpStream` in its field `tcp`: writes
 /// go straight to the socket (vectored writes too). For [`Rewind`] and the
-/// app-side [`upstream`] wrapper, which differ only in how they read.
+/// app-side [`upstream`] wrapper, which differ only in how they read. With a
+/// method name after the type, that method of the wrapper is called after
+/// each flush that succeeded ([`Rewind::flushed`]).
 macro_rules! write_through_tcp {
     ($wrapper:ty) => {
+        $crate::proxy::write_through_tcp!($wrapper, |_w: &mut $wrapper| {});
+    };
+    ($wrapper:ty, $after_flush:expr) => {
         impl tokio::io::AsyncWrite for $wrapper {
             fn poll_write(
                 mut self: std::pin::Pin<&mut Self>,
@@ -629,7 +641,12 @@ macro_rules! write_through_tcp {
                 mut self: std::pin::Pin<&mut Self>,
                 cx: &mut std::task::Context<'_>,
             ) -> std::task::Poll<std::io::Result<()>> {
-                std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+                let flushed = std::pin::Pin::new(&mut self.tcp).poll_flush(cx);
+                if let std::task::Poll::Ready(Ok(())) = flushed {
+                    let after: fn(&mut $wrapper) = $after_flush;
+                    after(&mut *self);
+                }
+                flushed
             }
 
             fn poll_shutdown(
@@ -648,6 +665,82 @@ use write_through_tcp;
 struct Rewind {
     pre: Bytes,
     tcp: tokio::net::TcpStream,
+    /// HTTP/1: the requests whose response is written whole once hyper's
+    /// next flush succeeds.
+    unflushed: Option<std::sync::Arc<Unflushed>>,
+}
+
+impl Rewind {
+    /// hyper flushed: its write buffer was empty, every byte of the
+    /// responses it took whole is in the kernel's hands.
+    fn flushed(&mut self) {
+        if let Some(u) = &self.unflushed {
+            u.flushed();
+        }
+    }
+}
+
+/// The admitted requests of one HTTP/1 client connection whose response's
+/// last frame hyper has taken but may not have written yet (it buffers up to
+/// a few hundred KiB for a client slower than the app): they stay in flight
+/// until hyper's next successful flush of the connection, which comes only
+/// once its write buffer is empty, and are `completed` then. Dropped with the
+/// connection before that (drainit cut it, or the client went), they are
+/// `abandoned` or `canceled` as any request cut mid-response: a client that
+/// got a cut response is never counted `completed`, and the drain signal
+/// waits for the last bytes as for the rest of the response.
+struct Unflushed {
+    shared: &'static Shared,
+    /// Whether `pending` holds any: read on every flush, without the lock.
+    any: AtomicBool,
+    pending: std::sync::Mutex<Vec<Admitted<'static>>>,
+}
+
+impl Unflushed {
+    fn new(shared: &'static Shared) -> Unflushed {
+        Unflushed {
+            shared,
+            any: AtomicBool::new(false),
+            pending: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Admitted<'static>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `admitted`'s response was taken whole by hyper: `completed` at the
+    /// next flush.
+    fn push(&self, admitted: Admitted<'static>) {
+        self.lock().push(admitted);
+        self.any.store(true, SeqCst);
+    }
+
+    /// Settles the pending requests `completed`.
+    fn flushed(&self) {
+        if self.any.swap(false, SeqCst) {
+            // Drained in place: the list keeps its room for the next response.
+            for mut a in self.lock().drain(..) {
+                a.settle(Outcome::Completed);
+            }
+            self.shared.settled();
+        }
+    }
+}
+
+impl Drop for Unflushed {
+    fn drop(&mut self) {
+        // Not flushed: the connection was cut (or the client went) with their
+        // last bytes unwritten: each settles `canceled`, or `abandoned` after
+        // drainit's cut.
+        let left = std::mem::take(&mut *self.lock());
+        if !left.is_empty() {
+            drop(left);
+            self.shared.settled();
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Rewind {
@@ -666,7 +759,7 @@ impl tokio::io::AsyncRead for Rewind {
     }
 }
 
-write_through_tcp!(Rewind);
+write_through_tcp!(Rewind, Rewind::flushed);
 
 /// Yields when the gate reaches `at` after this receiver last looked (a gate
 /// already there when the connection came does not count: a new connection is
@@ -712,9 +805,11 @@ async fn connection(
         // (load balancers and browsers open them ahead), not a malformed request.
         Ok(Ok(None) | Err(_)) | Err(_) => return,
     };
+    let unflushed = (!h2).then(|| std::sync::Arc::new(Unflushed::new(shared)));
     let io = TokioIo::new(Rewind {
         pre: Bytes::from(pre),
         tcp,
+        unflushed: unflushed.clone(),
     });
     // The client's address as X-Forwarded-For and Forwarded want it, once per
     // connection.
@@ -723,12 +818,13 @@ async fn connection(
     let resets = h2.then(|| std::sync::Arc::new(Resets::default()));
     let counted = resets.clone();
     let service = hyper::service::service_fn(move |req| {
-        let (peer_ip, slot) = (peer_ip.clone(), slot.clone());
+        let (peer_ip, slot, unflushed) = (peer_ip.clone(), slot.clone(), unflushed.clone());
         // Only the first response needs to say so (no clone after it).
         let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
         let opened = counted.as_ref().map(|r| Opened::new(r.clone()));
         async move {
-            let resp = handle(req, peer_ip, shared, clients, slot).await;
+            let mut resp = handle(req, peer_ip, shared, clients, slot).await;
+            resp.body_mut().unflushed = unflushed;
             if let Some(u) = unanswered {
                 u.answered();
             }
@@ -957,6 +1053,11 @@ pub struct ProxyBody {
     /// The upstream connection the response comes on: back to the pool when
     /// the body goes (after `inner`, so an unread body closes it first).
     lease: Option<upstream::Lease>,
+    /// An HTTP/1 response's connection: its request is `completed` once
+    /// the connection is flushed after the last frame, not when hyper takes it.
+    unflushed: Option<std::sync::Arc<Unflushed>>,
+    /// drainit's 503 to a `rejected` request: counted until written.
+    rejecting: Option<Rejecting>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -988,6 +1089,8 @@ impl ProxyBody {
             body_fate: None,
             stall: None,
             lease: None,
+            unflushed: None,
+            rejecting: None,
         }
     }
 
@@ -1001,6 +1104,14 @@ impl ProxyBody {
 
     fn settle(&mut self, outcome: Outcome) {
         if let Some(mut a) = self.admitted.take() {
+            // Taken whole by hyper, maybe not written yet: completed when the
+            // connection is flushed (an SSE's request settled at its head).
+            if outcome == Outcome::Completed
+                && let Some(u) = &self.unflushed
+            {
+                u.push(a);
+                return;
+            }
             a.settle(outcome);
             drop(a);
             if let Some(s) = self.shared {
@@ -1211,9 +1322,11 @@ async fn handle(
         }
         return r;
     }
-    shared.ledger.received();
+    // Counted `received` with its outcome, in one write: `rejected` here, or
+    // admitted below.
     if gate != Gate::Ready && gate != Gate::Closing {
         shared.ledger.rejected();
+        let rejecting = Rejecting::new(shared);
         let why = if gate == Gate::NotReady {
             "not ready"
         } else {
@@ -1225,7 +1338,9 @@ async fn handle(
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        return unavailable(why, gate, version);
+        let mut r = unavailable(why, gate, version);
+        r.body_mut().rejecting = Some(rejecting);
+        return r;
     }
     // Declared before `admitted`, so dropped after it: when hyper drops this
     // future (the client went away while the app works on its request), the
@@ -1241,13 +1356,16 @@ async fn handle(
     // read again now that this request counts (both sides SeqCst: one of them
     // sees the other). Closed now: it never reaches the app.
     if shared.gate() >= Gate::Closed {
+        let rejecting = Rejecting::new(shared);
         admitted.refused();
         drop(admitted);
         shared.settled();
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        return unavailable("draining", shared.gate(), version);
+        let mut r = unavailable("draining", shared.gate(), version);
+        r.body_mut().rejecting = Some(rejecting);
+        return r;
     }
     let upgrading = wants_upgrade(req.headers());
     let websocket = upgrading
@@ -1481,6 +1599,28 @@ enum BodyFate {
     Gone = 1,
     /// The client sent nothing for [`BODY_IDLE`].
     Stalled = 2,
+}
+
+/// A request counted `rejected` whose 503 is not written yet (drainit reads
+/// its body first, up to [`REJECT_BODY_MAX`] or 1 s, so that the answer is not
+/// lost to a reset): counted in [`Shared::rejecting`] until the 503's body,
+/// which holds it, is dropped by hyper, in the same poll as the write and
+/// flush of the whole answer. [`Proxy::stop`] waits for these (at most
+/// [`STOP_SETTLE`]): a client counted `rejected` gets its 503, not a
+/// connection cut by drainit's exit.
+struct Rejecting(&'static Shared);
+
+impl Rejecting {
+    fn new(shared: &'static Shared) -> Rejecting {
+        shared.rejecting.fetch_add(1, SeqCst);
+        Rejecting(shared)
+    }
+}
+
+impl Drop for Rejecting {
+    fn drop(&mut self) {
+        self.0.rejecting.fetch_sub(1, SeqCst);
+    }
 }
 
 /// Tells the supervisor a request may have settled ([`Shared::settled`]) when
@@ -1929,6 +2069,7 @@ mod tests {
                 let mut io = Rewind {
                     pre: Bytes::from(pre),
                     tcp,
+                    unflushed: None,
                 };
                 let mut again = Vec::new();
                 io.read_to_end(&mut again).await.unwrap();

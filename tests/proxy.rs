@@ -236,6 +236,45 @@ impl Conn {
         Conn { s, buf: Vec::new() }
     }
 
+    /// A connection whose receive buffer is 4 KiB (`SO_RCVBUF`, set before
+    /// the connect so the window is small from the start): what the client has
+    /// not read stays on drainit's side, as for a client on a slow link.
+    fn open_small_window(port: u16) -> Conn {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a new socket of our own, its descriptor handed to the
+        // TcpStream that owns and closes it.
+        let s = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+            let size: libc::c_int = 4096;
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&raw const size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+            let addr = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let r = libc::connect(
+                fd,
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
+            TcpStream::from_raw_fd(fd)
+        };
+        s.set_read_timeout(Some(secs(10))).unwrap();
+        s.set_write_timeout(Some(secs(30))).unwrap();
+        Conn { s, buf: Vec::new() }
+    }
+
     fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.s.write_all(bytes)
     }
@@ -1306,6 +1345,66 @@ fn a_response_still_streaming_at_the_deadline_is_abandoned() {
     assert!(!ended, "a cut response ended like a whole one");
 }
 
+/// A response the app finished but drainit had not written out yet (hyper
+/// buffers a few hundred KiB for a client slower than the app) is still in
+/// flight: the drain signal waits for its last bytes, and it is `completed`
+/// only once they are written. Before, it was `completed` when hyper took its
+/// last frame, the forward went, the app exited, and drainit's exit cut the
+/// client's download short of its end: exit 0, a completed request, a
+/// truncated body.
+#[test]
+fn a_slow_client_gets_the_whole_response_before_it_counts_completed_and_the_drain_ends() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "8s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = Conn::open_small_window(px.port);
+    c.request("GET", "/big?mb=4", &[], None).unwrap();
+    let (st, _) = c.head().unwrap();
+    assert_eq!(st, 200);
+    // A reader slower than the app (a 4 KiB window, 64 KiB per 15 ms), so that
+    // drainit holds unwritten bytes when the app is done; the drain starts
+    // mid-download.
+    let mut got = 0usize;
+    let mut ended = false;
+    let started = Instant::now();
+    while started.elapsed() < secs(8) {
+        match c.chunk() {
+            Ok(ch) if ch.is_empty() => {
+                ended = true;
+                break;
+            }
+            Ok(ch) => got += ch.len(),
+            Err(e) => {
+                eprintln!("download cut after {got} bytes: {e}");
+                break;
+            }
+        }
+        if got == 64 << 10 {
+            px.term();
+        }
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    let (code, rep) = px.finish(secs(10));
+    assert!(
+        ended && got == 4 << 20,
+        "the client got {got} of {} bytes, ended: {ended}; report {rep}{}",
+        4 << 20,
+        px.ctx()
+    );
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(num(&rep, "requests.completed"), 1, "{rep}");
+}
+
 #[test]
 fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
     let mut px = start_graceful();
@@ -1775,6 +1874,73 @@ fn a_connection_opened_before_the_forward_whose_request_comes_after_gets_the_503
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(counts(&rep)[..3], [2, 1, 1], "{rep}");
+}
+
+/// A request that comes after admission closed is counted `rejected` and gets
+/// drainit's 503 once its body is read (so that the answer is not lost to a
+/// reset). When the app exits while that body is still coming, drainit's exit
+/// waits for the 503 as it waits for a request in flight (at most 200 ms):
+/// before, it exited 50 ms after the forward and cut the connection, and the
+/// report counted a `rejected` request (safe to retry: it got a 503) whose
+/// client got no answer at all.
+#[test]
+fn a_503_still_reading_its_request_body_when_the_app_exits_goes_out() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "300ms",
+            "--drain-timeout",
+            "5s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let mut c = px.conn();
+    assert_eq!(c.get("/ok", &[]).unwrap().status, 200);
+    // In flight across beat 3: the forward waits for it.
+    let mut slow = px.conn();
+    slow.request("GET", "/slow?ms=700", &[], None).unwrap();
+    px.term();
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
+        "admission never closed{}",
+        px.ctx()
+    );
+    // The idle keep-alive connection sends a POST with half its body.
+    c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 20000\r\n\r\n")
+        .unwrap();
+    c.send(&[b'u'; 10000]).unwrap();
+    assert_eq!(slow.response(false).unwrap().status, 200);
+    let exited = wait_for(secs(5), || px.logged_t("exit 0")).unwrap_or_else(|| {
+        panic!("the app never exited{}", px.ctx());
+    });
+    // The rest of the body comes 100 ms after the app's exit: after drainit's
+    // 50 ms of quiet since the forward, within its 200 ms for what is unanswered.
+    std::thread::sleep(Duration::from_millis(
+        (exited + 100).saturating_sub(now_ms()).min(100),
+    ));
+    let late = now_ms().saturating_sub(exited);
+    let sent = c.send(&[b'u'; 10000]);
+    let resp = c.response(false);
+    assert!(
+        late < 180,
+        "the machine is too slow: the body's end went {late} ms after the app's exit"
+    );
+    let resp = match (sent, resp) {
+        (Ok(()), Ok(r)) => r,
+        (s, r) => panic!(
+            "the rejected request got no answer: send {s:?}, response {r:?}{}",
+            px.ctx()
+        ),
+    };
+    assert_draining_503(&resp, "a request whose body was still coming at the exit");
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    assert_eq!(counts(&rep)[..3], [3, 1, 2], "{rep}");
+    assert_eq!(num(&rep, "requests.completed"), 2, "{rep}");
 }
 
 /// The same with an app that exits at once on its drain signal: drainit's exit

@@ -9,13 +9,17 @@
 //!
 //! Invariants, checked by [`Totals::balanced`] and the tests:
 //! `received = rejected + admitted` and
-//! `admitted = completed + unknown + abandoned + canceled + in_flight`.
+//! `admitted = completed + unknown + abandoned + canceled + in_flight`. They
+//! hold in every snapshot ([`Ledger::totals`]), not only once the proxy has
+//! stopped: each change that moves several counters (a request received and
+//! rejected, admitted, settled, found refused) is one write, and a snapshot is
+//! taken between writes (see [`Ledger::totals`]).
 
-use std::sync::Mutex;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
     Ordering::{Relaxed, SeqCst},
 };
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use hyper::header::HeaderValue;
@@ -102,6 +106,11 @@ pub struct Ledger {
     streams_completed: AtomicU64,
     streams_closed_by_drain: AtomicU64,
     streams_abandoned: AtomicU64,
+    /// Held shared by each write of several counters ([`Ledger::write`]),
+    /// which run side by side, and alone by a snapshot ([`Ledger::totals`]),
+    /// which waits for the writes under way and holds new ones back (the
+    /// lock prefers the one who waits alone) for the few reads it takes.
+    writing: RwLock<()>,
 }
 
 /// The ledger's totals at one instant (the report's `requests`).
@@ -157,14 +166,20 @@ pub struct Streams {
 pub type ByOutcome = [(&'static str, u64); 5];
 
 impl Ledger {
-    /// A request reached the proxy (before the gate decides).
-    pub fn received(&self) {
-        self.received.fetch_add(1, Relaxed);
+    /// One change of several counters, which a snapshot sees whole or not
+    /// at all ([`Ledger::totals`]).
+    fn write<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _writing = self.writing.read().unwrap_or_else(PoisonError::into_inner);
+        f()
     }
 
-    /// Answered 503 by drainit itself, never sent to the app.
+    /// A request reached the proxy and was answered 503 by drainit itself,
+    /// never sent to the app (`received` and `rejected`).
     pub fn rejected(&self) {
-        self.rejected.fetch_add(1, Relaxed);
+        self.write(|| {
+            self.received.fetch_add(1, Relaxed);
+            self.rejected.fetch_add(1, Relaxed);
+        });
     }
 
     /// A request hyper refused before drainit saw it.
@@ -172,7 +187,8 @@ impl Ledger {
         self.malformed.fetch_add(1, Relaxed);
     }
 
-    /// Admits a request: it is in flight until the guard settles it. The
+    /// A request reached the proxy and is admitted (`received`, `admitted`):
+    /// it is in flight until the guard settles it. The
     /// request's method, URI and `X-Request-Id` are kept as they are (shared
     /// buffers, no copy) and written out only if the request is lost.
     pub fn admit(
@@ -181,10 +197,13 @@ impl Ledger {
         uri: &Uri,
         request_id: Option<&HeaderValue>,
     ) -> Admitted<'_> {
-        self.admitted.fetch_add(1, Relaxed);
-        // SeqCst with the proxy's gate: the supervisor closes the gate, then
-        // reads this; a request counts here, then reads the gate.
-        self.in_flight.fetch_add(1, SeqCst);
+        self.write(|| {
+            self.received.fetch_add(1, Relaxed);
+            self.admitted.fetch_add(1, Relaxed);
+            // SeqCst with the proxy's gate: the supervisor closes the gate, then
+            // reads this; a request counts here, then reads the gate.
+            self.in_flight.fetch_add(1, SeqCst);
+        });
         Admitted {
             ledger: self,
             start: Instant::now(),
@@ -231,8 +250,10 @@ impl Ledger {
         self.lost_since_t0.load(Relaxed)
     }
 
-    /// The totals now.
+    /// The totals now: a snapshot between two writes, so that the ledger's
+    /// equations hold in it while requests come and go.
     pub fn totals(&self) -> Totals {
+        let _alone = self.writing.write().unwrap_or_else(PoisonError::into_inner);
         let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
         let base = self
             .t0
@@ -333,6 +354,12 @@ impl Ledger {
             o => o,
         };
         let took = a.start.elapsed();
+        self.write(|| self.count(a, outcome));
+        self.observe(took);
+    }
+
+    /// The counters and the list of lost requests for `a` settled `outcome`.
+    fn count(&self, a: &Admitted<'_>, outcome: Outcome) {
         let counter = match outcome {
             Outcome::Completed => &self.completed,
             Outcome::Unknown => &self.unknown,
@@ -343,7 +370,6 @@ impl Ledger {
         // SeqCst as the admission's `fetch_add` and the supervisor's `in_flight`
         // read: the wake-up that follows (`settled`) is never for a stale count.
         self.in_flight.fetch_sub(1, SeqCst);
-        self.observe(took);
         if matches!(outcome, Outcome::Unknown | Outcome::Abandoned) {
             if self.t0_passed.load(Relaxed) {
                 self.lost_since_t0.fetch_add(1, Relaxed);
@@ -382,9 +408,11 @@ impl Ledger {
     /// An admitted request turned out never to have reached the app (the
     /// upstream refused the connection): it is `rejected`, not admitted.
     fn unadmit(&self) {
-        self.admitted.fetch_sub(1, Relaxed);
-        self.in_flight.fetch_sub(1, SeqCst);
-        self.rejected.fetch_add(1, Relaxed);
+        self.write(|| {
+            self.admitted.fetch_sub(1, Relaxed);
+            self.in_flight.fetch_sub(1, SeqCst);
+            self.rejected.fetch_add(1, Relaxed);
+        });
     }
 }
 
@@ -441,10 +469,8 @@ mod tests {
     #[test]
     fn every_request_gets_exactly_one_outcome_and_the_equations_hold() {
         let l = Ledger::default();
-        l.received();
         l.rejected();
         for outcome in [Outcome::Completed, Outcome::Unknown, Outcome::Completed] {
-            l.received();
             let mut a = l.admit(
                 &Method::GET,
                 &Uri::from_static("/a"),
@@ -453,12 +479,9 @@ mod tests {
             a.settle(outcome);
             a.settle(Outcome::Canceled); // once only
         }
-        l.received();
         drop(l.admit(&Method::GET, &Uri::from_static("/gone"), None)); // canceled
-        l.received();
         l.admit(&Method::POST, &Uri::from_static("/refused"), None)
             .refused();
-        l.received();
         let in_flight = l.admit(&Method::PUT, &Uri::from_static("/slow"), None);
         l.mark_t0();
         let t = l.totals();
@@ -477,11 +500,56 @@ mod tests {
         assert!(t.lost[1].start_ms <= 0, "started before T0");
     }
 
+    /// A snapshot (the report file's at T0 and at the forward, the log
+    /// lines) is taken while the proxy threads count: it must balance as the
+    /// final one does, and list or count every lost request.
+    #[test]
+    fn a_snapshot_taken_while_requests_come_and_go_balances() {
+        let l = Ledger::default();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let uri = Uri::from_static("/x");
+                    while !stop.load(Relaxed) {
+                        l.rejected();
+                        l.admit(&Method::GET, &uri, None).settle(Outcome::Unknown);
+                        l.admit(&Method::GET, &uri, None).refused();
+                        drop(l.admit(&Method::GET, &uri, None));
+                    }
+                });
+            }
+            let mut bad = None;
+            for i in 0..20_000 {
+                let t = l.totals();
+                if !t.balanced() || t.lost.len() as u64 + t.lost_truncated != t.unknown {
+                    bad = Some((i, t));
+                    break;
+                }
+            }
+            stop.store(true, Relaxed);
+            if let Some((i, t)) = bad {
+                panic!(
+                    "snapshot {i} does not balance: received {} rejected {} admitted {} \
+                     completed {} unknown {} canceled {} in flight {}, {} lost listed + {}",
+                    t.received,
+                    t.rejected,
+                    t.admitted,
+                    t.completed,
+                    t.unknown,
+                    t.canceled,
+                    t.in_flight,
+                    t.lost.len(),
+                    t.lost_truncated
+                );
+            }
+        });
+    }
+
     #[test]
     fn the_list_of_lost_requests_is_capped_and_the_rest_counted() {
         let l = Ledger::default();
         for _ in 0..LOST_LISTED + 7 {
-            l.received();
             l.admit(&Method::GET, &Uri::from_static("/x"), None)
                 .settle(Outcome::Unknown);
         }
