@@ -706,10 +706,14 @@ impl Driver {
                 self.sample_due = Some(start);
             }
             Action::ForwardDrain(sig) => {
-                self.forward_drain(sig);
+                // The gate first: a second signal in beat 2 forwards while
+                // admission is still open, and a request let in between the
+                // signal and the gate would reach an app already told to stop
+                // (a naive one loses it). Closed first, it gets the 503.
                 if let Some(p) = &self.proxy {
                     p.set_gate(Gate::Forwarded);
                 }
+                self.forward_drain(sig);
             }
             Action::CloseAdmission => {
                 let p = self
