@@ -512,19 +512,31 @@ fn parse_proxy(s: &str) -> Result<ProxySpec, String> {
     Ok(spec)
 }
 
-/// The upstream is the proxy's own listener: the same address, or the same port
-/// where one side is a wildcard (`0.0.0.0`, `[::]`, which a dual-stack socket
-/// shares) and the other a loopback or wildcard address (a connect to `0.0.0.0`
-/// reaches this host). Every request would come back to drainit, hop after hop,
-/// until its `X-Forwarded-For` grew past the header limit.
+/// The upstream is the proxy's own listener: a connect to the upstream reaches
+/// the listen socket. A connect to a wildcard (`0.0.0.0`, `[::]`) goes to the
+/// loopback address of its family (`127.0.0.1`, `[::1]`); it reaches a listener
+/// on that very address, an IPv4 wildcard listener when it is IPv4 loopback, and
+/// an `[::]` listener (dual-stack: IPv4 too) when it is either loopback. The
+/// other family's loopback (`0.0.0.0:8080=[::1]:8080`) is another socket, a
+/// real upstream. Every request to its own listener would come back to
+/// drainit, hop after hop, until its `X-Forwarded-For` grew past the header
+/// limit.
 fn is_own_upstream(spec: ProxySpec) -> bool {
-    let (l, u) = (
-        spec.listen.ip().to_canonical(),
-        spec.upstream.ip().to_canonical(),
-    );
-    let local = |ip: std::net::IpAddr| ip.is_loopback() || ip.is_unspecified();
-    spec.listen.port() == spec.upstream.port()
-        && (l == u || (l.is_unspecified() && local(u)) || (u.is_unspecified() && local(l)))
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    if spec.listen.port() != spec.upstream.port() {
+        return false;
+    }
+    let listen = spec.listen.ip().to_canonical();
+    let target = match spec.upstream.ip().to_canonical() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        a => a,
+    };
+    listen == target
+        || match listen {
+            IpAddr::V4(l) => l.is_unspecified() && target.is_ipv4() && target.is_loopback(),
+            IpAddr::V6(l) => l.is_unspecified() && target.is_loopback(),
+        }
 }
 
 fn parse_proxy_health(s: &str) -> Result<String, String> {
@@ -1452,6 +1464,11 @@ mod tests {
             "[::]:8080=127.0.0.1:8080",
             "[::]:8080=[::1]:8080",
             "127.0.0.1:8080=0.0.0.0:8080",
+            "[::]:8080=[::]:8080",
+            "[::]:8080=0.0.0.0:8080",
+            "[::1]:8080=[::]:8080",
+            "0.0.0.0:8080=127.0.0.2:8080",
+            "[::]:8080=[::ffff:127.0.0.1]:8080",
         ] {
             assert!(own(s), "{s}");
         }
@@ -1462,6 +1479,14 @@ mod tests {
             "0.0.0.0:8080=10.0.0.7:8080",
             "127.0.0.1:8080=127.0.0.2:8080",
             "10.0.0.7:8080=127.0.0.1:8080",
+            // The other address family's loopback: an IPv4 socket never gets a
+            // connection to [::1], an IPv6 one bound to [::1] never one to
+            // 127.0.0.1 (a connect to 0.0.0.0 goes to 127.0.0.1, to [::] to [::1]).
+            "0.0.0.0:8080=[::1]:8080",
+            "0.0.0.0:8080=[::]:8080",
+            "[::1]:8080=0.0.0.0:8080",
+            "[::1]:8080=127.0.0.1:8080",
+            "127.0.0.1:8080=[::]:8080",
         ] {
             assert!(parse_proxy(s).is_ok(), "{s}");
         }

@@ -2470,6 +2470,30 @@ fn a_bad_proxy_value_exits_64_naming_the_flag_or_78_naming_the_variable() {
     }
 }
 
+/// The other address family's loopback on the same port is another socket: an
+/// IPv4 wildcard listener never gets a connection to `[::1]` (nor an `[::1]`
+/// listener one to `0.0.0.0`, which goes to 127.0.0.1). Such a setup starts; it
+/// was refused (64) as the proxy's own upstream.
+#[test]
+fn an_upstream_on_the_other_familys_loopback_is_not_the_proxys_own() {
+    let tmp = TmpDir::new("proxy-family");
+    let started = tmp.join("started");
+    let port = free_port();
+    let proxy = format!("0.0.0.0:{port}=[::1]:{port}");
+    let args = [
+        OFF,
+        "--proxy",
+        &proxy,
+        "--",
+        "touch",
+        started.to_str().unwrap(),
+    ];
+    let mut r = Running::start_direct(&args, &[], &[]);
+    let (code, _) = r.wait(secs(10));
+    assert_eq!(code, 0, "--proxy {proxy}: {}", r.stderr_text());
+    assert!(started.exists(), "never started: {}", r.stderr_text());
+}
+
 #[test]
 fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_drain_their_fds() {
     // RLIMIT_NOFILE 256 (launch.py --nofile): the probe server and the proxy share
