@@ -325,3 +325,41 @@ fn a_half_closed_tunnel_whose_app_never_ends_is_closed_by_the_drain() {
     assert_eq!(num(q, "completed"), 1, "{q}");
     assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
 }
+
+/// An HTTP/1 request counts `completed` at the connection's next flush after its
+/// response's last frame: pipelined requests whose responses end each in their
+/// own way (trailers, a HEAD's body hyper never polls, a `Content-Length` body,
+/// a `100 Continue` before the answer) all settle on their keep-alive
+/// connection, which then sits idle: nothing stays in flight, and the drain
+/// goes at once rather than at its deadline.
+#[test]
+fn pipelined_responses_of_every_ending_settle_and_the_drain_does_not_wait() {
+    let e = Edge::start();
+    let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    s.write_all(
+        b"GET /trailers HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n\
+          HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n\
+          GET /y HTTP/1.1\r\nHost: a\r\n\r\n\
+          POST /z HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+    )
+    .unwrap();
+    let got = read_until(&mut s, "100 Continue");
+    assert!(
+        got.contains("x-sum: 1") && got.contains("echo GET /y"),
+        "{got}"
+    );
+    s.write_all(b"abc").unwrap();
+    let got = read_until(&mut s, "echo POST /z");
+    assert!(got.contains("echo POST /z"), "{got}");
+    // The connection stays open and idle through the drain.
+    let t = Instant::now();
+    let (code, req) = e.drain();
+    assert_eq!(code, 0, "{req}");
+    assert_eq!(req["completed"], 4, "{req}");
+    assert!(
+        t.elapsed() < secs(3),
+        "the drain took {:?} (deadline 5 s): a request stayed in flight",
+        t.elapsed()
+    );
+    drop(s);
+}
