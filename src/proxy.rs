@@ -1368,12 +1368,6 @@ async fn handle(
         return r;
     }
     let upgrading = wants_upgrade(req.headers());
-    let websocket = upgrading
-        && req
-            .headers()
-            .get(header::UPGRADE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
@@ -1516,6 +1510,14 @@ async fn handle(
                 version,
             );
         };
+        // The protocol the app switched to is the one its 101 names (RFC 9110
+        // §7.8), not the client's list (`websocket, h2c` is offered as
+        // `websocket`): a WebSocket's tunnel ends between frames at beat 3.
+        let websocket = resp
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
         let app_upgrade = hyper::upgrade::on(&mut resp);
         if let Some(l) = lease {
             l.upgraded();

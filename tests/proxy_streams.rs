@@ -58,11 +58,19 @@ fn replica(flags: &[&str]) -> (Running, u16) {
 
 /// A WebSocket handshake on `port`; the stream after the 101.
 fn ws_open(port: u16) -> Option<TcpStream> {
+    ws_open_offering(port, "websocket")
+}
+
+/// A WebSocket handshake on `port` whose `Upgrade` offers `upgrade`.
+fn ws_open_offering(port: u16, upgrade: &str) -> Option<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
     s.write_all(
-        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: {upgrade}\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .as_bytes(),
     )
     .ok()?;
     let mut head = Vec::new();
@@ -333,6 +341,21 @@ fn a_client_that_half_closes_still_gets_the_apps_answer() {
 /// h2c` and `Connection: upgrade` without the `HTTP2-Settings` the upgrade
 /// needs, and an app that switched would have carried HTTP/2 requests in a
 /// tunnel the ledger never sees.
+/// `Upgrade: websocket, h2c` reaches the app without h2c; the app switches to
+/// a WebSocket, and drainit's tunnel is one: at beat 3 it ends with a close
+/// frame (1001), not a cut connection.
+#[test]
+fn a_websocket_offered_beside_h2c_is_closed_as_a_websocket() {
+    let (mut r, port) = replica(&["--pre-drain-delay", "0s", "--stream-spread", "0s"]);
+    let mut s = ws_open_offering(port, "websocket, h2c").expect("the 101");
+    r.signal(libc::SIGTERM);
+    assert_eq!(ws_wait_close(&mut s), 1001, "{}", r.stderr_text());
+    let (code, _) = r.wait(secs(10));
+    let rep = r.report();
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(num(&rep, "streams.closed_by_drain"), 1, "{rep}");
+}
+
 #[test]
 fn an_h2c_upgrade_is_served_as_http1_without_its_upgrade_fields() {
     let (mut r, port) = replica(&[]);
