@@ -180,8 +180,9 @@ pub enum Action {
     /// on; answer [`Event::RequestsDone`] once no admitted request is in flight
     /// (at once when none is).
     CloseAdmission,
-    /// The deadline came with requests still in flight: they are `abandoned`
-    /// (cut by drainit) before the SIGKILL that follows.
+    /// drainit is about to SIGKILL the app (the deadline, or a second signal in
+    /// beat 3) with requests maybe in flight: they are `abandoned` (cut by
+    /// drainit) before the SIGKILL that follows.
     AbandonRequests,
     /// Send the signal to every descendant drainit has not signalled yet (once each).
     SignalRemaining(Signal),
@@ -702,11 +703,9 @@ impl Drain {
         }
         match self.state {
             State::PreDrain => self.close_admission(now, false, out),
-            State::Admission { second_used } => {
-                out.push(Action::AbandonRequests);
+            State::Admission { second_used } | State::Waiting { second_used } => {
                 self.kill_all(now, second_used, out);
             }
-            State::Waiting { second_used } => self.kill_all(now, second_used, out),
             State::Killing {
                 killed_at,
                 alive: Some(_),
@@ -804,6 +803,11 @@ impl Drain {
     }
 
     fn kill_all(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        // What the proxy still has in flight is cut by drainit's SIGKILL, the
+        // deadline's or a second signal's: `abandoned`, not the app's `unknown`.
+        if self.policy.admission_gate {
+            out.push(Action::AbandonRequests);
+        }
         self.state = State::Killing {
             until: now + KILL_SETTLE,
             killed_at: now,
@@ -1156,6 +1160,8 @@ mod tests {
             row("§11 the forward waits for the requests, not the deadline's clock", gate(), GATE3, (24999, Event::Tick), ADMISSION, vec![]),
             row("§11 requests still in flight at the deadline: abandoned, SIGKILL", gate(), GATE3, (25000, Event::Tick), killing(25000, None, false), vec![AbandonRequests, KillAll]),
             row("§11 a second signal cuts the wait for the requests", gate(), GATE3, (6000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("§11 a second signal after the forward: what is open is abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, Event::RequestsDone)]), (7000, TERM), killing(7000, None, true), vec![AbandonRequests, KillAll]),
+            row("§11 the deadline after a cut wait: abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, TERM)]), (25000, Event::Tick), killing(25000, None, true), vec![AbandonRequests, KillAll]),
             row("§11 the child went with requests in flight: leftovers get the signal", gate(), GATE3, (6000, exited(1)), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
             row("§11 the child went in beat 2: no gate to wait for", gate(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
             row("§11 RequestsDone outside the wait does nothing", gate(), BEAT2, (1000, Event::RequestsDone), State::PreDrain, vec![]),

@@ -730,9 +730,11 @@ impl Driver {
             Action::AbandonRequests => {
                 if let Some(p) = &self.proxy {
                     let (n, streams) = p.abandon();
-                    log::warn!(
-                        "deadline: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
-                    );
+                    if n > 0 || streams > 0 {
+                        log::warn!(
+                            "SIGKILL: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
+                        );
+                    }
                 }
             }
             Action::SignalRemaining(sig) => {

@@ -169,9 +169,10 @@ struct Shared {
     /// in ms since `born` ([`STOP_QUIET`]).
     stirred_ms: std::sync::atomic::AtomicU64,
     born: Instant,
-    /// The drain deadline came ([`Proxy::abandon`]): an upstream failure from
-    /// now on is drainit's SIGKILL, not the app's doing, and its 502 says so.
-    deadline: AtomicBool,
+    /// drainit is SIGKILLing the app ([`Proxy::abandon`]: the deadline, or a
+    /// second signal in beat 3): an upstream failure from now on is drainit's
+    /// doing, not the app's, and its 502 says so.
+    killing: AtomicBool,
 }
 
 impl Shared {
@@ -334,7 +335,7 @@ impl Proxy {
                 rejecting: AtomicUsize::new(0),
                 clients: Clients::new(spec.upstream),
                 stirred_ms: std::sync::atomic::AtomicU64::new(0),
-                deadline: AtomicBool::new(false),
+                killing: AtomicBool::new(false),
                 born: Instant::now(),
             }));
         shared.ledger.set_epoch(Instant::now());
@@ -509,11 +510,12 @@ impl Proxy {
         }
     }
 
-    /// Cuts what is in flight now (`abandoned`): the deadline came. The
+    /// Cuts what is in flight now (`abandoned`): drainit is about to SIGKILL
+    /// the app (the deadline, or a second signal in beat 3). The
     /// connections are closed by [`Proxy::stop`] at the exit. Returns the
     /// requests in flight and the streams open.
     pub fn abandon(&self) -> (u64, usize) {
-        self.shared.deadline.store(true, SeqCst);
+        self.shared.killing.store(true, SeqCst);
         self.shared.ledger.cut_all();
         (self.shared.ledger.in_flight(), self.shared.streams.open())
     }
@@ -1479,12 +1481,12 @@ async fn handle(
         }
         Err(e) => {
             log::debug!("proxy: upstream failed: {}", e.message);
-            // After the deadline the app was killed by drainit, not gone by
-            // itself: the client is told which. (Any stop cuts the ledger, so
-            // a request failing then is `abandoned` either way; only the
-            // deadline is drainit's SIGKILL.)
-            let why = if shared.deadline.load(SeqCst) {
-                "502 bad gateway: the drain deadline came before the app answered; drainit stopped the app (the request may have been processed)\n"
+            // Once drainit SIGKILLs the app (deadline, second signal), it was
+            // not gone by itself: the client is told which. (Any stop cuts the
+            // ledger, so a request failing then is `abandoned` either way; only
+            // these are drainit's SIGKILL.)
+            let why = if shared.killing.load(SeqCst) {
+                "502 bad gateway: drainit stopped the app before it answered (the drain deadline, or a second signal); the request may have been processed\n"
             } else {
                 "502 bad gateway: the app closed the connection without a complete response\n"
             };

@@ -1296,8 +1296,55 @@ fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
         if let Ok(r) = slow.join().unwrap() {
             let body = String::from_utf8_lossy(&r.body);
             assert_eq!(r.status, 502, "{mode:?}: {body}");
-            assert!(body.contains("drain deadline"), "{mode:?}: {body}");
+            assert!(body.contains("drainit stopped the app"), "{mode:?}: {body}");
         }
+    }
+}
+
+/// A second signal cuts the wait for the requests: the drain signal goes with a
+/// request still in the (graceful) app, which works on past the deadline. The
+/// deadline's SIGKILL is drainit's cut: the request is `abandoned` and its
+/// client's 502 says drainit stopped the app, not that the app closed the
+/// connection by itself.
+#[test]
+fn a_request_cut_by_the_sigkill_after_a_second_signal_is_abandoned() {
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "2s",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    let slow = std::thread::spawn(move || Conn::open(port).get("/slow?ms=8000", &[]));
+    assert!(
+        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
+        "{}",
+        px.ctx()
+    );
+    px.r.signal(libc::SIGTERM);
+    assert!(
+        wait_until(secs(5), || px.r.stderr_text().contains("drain started")),
+        "{}",
+        px.ctx()
+    );
+    // A second signal, past the first's coalescing window: the forward now.
+    std::thread::sleep(Duration::from_millis(300));
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(8));
+    assert_eq!(code, 2, "{}", px.ctx());
+    assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 1, 0, 0, 0], "{rep}");
+    assert_eq!(rep["requests"]["lost"][0]["outcome"], "abandoned", "{rep}");
+    if let Ok(r) = slow.join().unwrap() {
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 502, "{body}");
+        assert!(body.contains("drainit stopped the app"), "{body}");
     }
 }
 
