@@ -957,6 +957,10 @@ pub struct ProxyBody {
     /// The upstream connection the response comes on: back to the pool when
     /// the body goes (after `inner`, so an unread body closes it first).
     lease: Option<upstream::Lease>,
+    /// As a request body sent on a reused connection: what of it went out, so
+    /// the request can go once more if the app resets it unread
+    /// ([`upstream::Pool::send`]).
+    copy: Option<std::sync::Arc<upstream::BodyCopy>>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -988,6 +992,7 @@ impl ProxyBody {
             body_fate: None,
             stall: None,
             lease: None,
+            copy: None,
         }
     }
 
@@ -1061,6 +1066,23 @@ impl Body for ProxyBody {
                     BODY_IDLE.as_secs()
                 )
                 .into())));
+            }
+        }
+        if let Some(copy) = &this.copy {
+            match &polled {
+                Poll::Ready(Some(Ok(f))) => match f.data_ref() {
+                    Some(data) => {
+                        copy.push(data);
+                        if this.is_end_stream() {
+                            copy.end();
+                        }
+                    }
+                    // Trailers are not kept: such a request is not sent twice.
+                    None => copy.spoil(),
+                },
+                Poll::Ready(None) => copy.end(),
+                Poll::Ready(Some(Err(_))) => copy.spoil(),
+                Poll::Pending => {}
             }
         }
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)
