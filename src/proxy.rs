@@ -483,12 +483,14 @@ impl Proxy {
         // And the clients whose idle connection the forward closed, reconnecting
         // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
         // queue at the exit, a reset.
+        // At the deadline likewise: the abandoned requests' 502s (with
+        // `Connection: close`) are still being written, and their clients
+        // reconnect at once to retry.
         let ledger = &self.shared.ledger;
-        let forwarded = self.shared.gate() >= Gate::Forwarded;
+        let lingering = self.shared.gate() >= Gate::Forwarded || self.shared.deadline.load(SeqCst);
         let until = Instant::now() + STOP_SETTLE;
-        while !ledger.cutting()
-            && (ledger.in_flight() > 0
-                || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
+        while ((!ledger.cutting() && ledger.in_flight() > 0)
+            || (lingering && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(1));
@@ -507,6 +509,9 @@ impl Proxy {
     /// requests in flight and the streams open.
     pub fn abandon(&self) -> (u64, usize) {
         self.shared.deadline.store(true, SeqCst);
+        // The 502s go out now and their clients reconnect: [`Proxy::stop`]
+        // keeps accepting (503) until [`STOP_QUIET`] has passed since.
+        self.shared.stir();
         self.shared.ledger.cut_all();
         (self.shared.ledger.in_flight(), self.shared.streams.open())
     }

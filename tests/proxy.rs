@@ -1262,6 +1262,62 @@ fn a_request_still_in_flight_at_the_deadline_is_abandoned_and_named() {
     }
 }
 
+/// The deadline's 502s carry `Connection: close`, and a client (oha, any
+/// pooling client or load balancer retrying) reconnects at once. Measured
+/// behind drainit with a real Node.js app that cannot drain (32 clients, 3 s
+/// requests, `--drain-timeout 1s`): 2 of the 32 abandoned requests got no 502
+/// but a closed connection, and 7 reconnects got a reset from the kernel's
+/// queue, not drainit's 503. Each client here gets its 502, and its retry the
+/// 503 (counted `rejected`), as after a forward.
+#[test]
+fn at_the_deadline_every_client_gets_its_502_and_an_immediate_retry_the_503() {
+    const N: usize = 32;
+    let mut px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--drain-timeout",
+            "1s",
+        ],
+        &["--mode", "naive"],
+    );
+    px.wait_ready();
+    let port = px.port;
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Conn::open(port);
+                let first = c.get("/slow?ms=8000", &[]).map(|r| (r.status, r.text()));
+                // At once, as a pool retires a connection told to close.
+                let retry = TcpStream::connect(("127.0.0.1", port)).and_then(|s| {
+                    let mut c = Conn { s, buf: Vec::new() };
+                    c.get("/ok", &[]).map(|r| r.status)
+                });
+                (first, retry)
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(secs(5), || px.logged("recv GET /slow").len() == N),
+        "{}",
+        px.ctx()
+    );
+    let (code, rep) = px.stop(secs(6));
+    assert_eq!(code, 2, "{}", px.ctx());
+    for c in clients {
+        let (first, retry) = c.join().unwrap();
+        match first {
+            Ok((502, body)) => assert!(body.contains("drain deadline"), "{body}"),
+            other => panic!("an abandoned request got {other:?}, not its 502: {rep}"),
+        }
+        assert_eq!(retry.ok(), Some(503), "{rep}");
+    }
+    assert_eq!(counts(&rep), [64, 32, 32, 0, 0, 32, 0, 0, 0], "{rep}");
+}
+
 /// The deadline comes while a response is half streamed: the client's body is
 /// cut (no end of the chunked body), the request `abandoned`, exit 2.
 #[test]
