@@ -1448,10 +1448,27 @@ fn a_post_the_app_reset_unread_on_a_reused_connection_is_resent_and_answered() {
     assert_eq!(second.text().trim(), "5", "{}", px.ctx());
     assert_eq!(px.logged("reset unread").len(), 1, "{}", px.ctx());
     assert_eq!(px.logged("recv POST /upload").len(), 1, "{}", px.ctx());
+    // The same with a chunked body of two chunks (two frames): kept as it
+    // went out, whole.
+    let first = c2.get("/reset-next", &[]).unwrap();
+    assert_eq!(first.status, 200, "{}", px.ctx());
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c3 = px.conn();
+    c3.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+        .unwrap();
+    let third = c3.response(false).unwrap();
+    assert_eq!(
+        (third.status, third.text().trim()),
+        (200, "7"),
+        "{}",
+        px.ctx()
+    );
+    assert_eq!(px.logged("reset unread").len(), 2, "{}", px.ctx());
+    assert_eq!(px.logged("recv POST /upload").len(), 2, "{}", px.ctx());
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
-    assert_eq!(counts(&rep), [2, 0, 2, 2, 0, 0, 0, 0, 0], "{rep}");
-    assert_eq!(rep["requests"]["resent"], 1, "{rep}");
+    assert_eq!(counts(&rep), [4, 0, 4, 4, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(rep["requests"]["resent"], 2, "{rep}");
 }
 
 #[test]
