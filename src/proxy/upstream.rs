@@ -168,7 +168,10 @@ impl Pool {
     ///   whole ([`BodyCopy`]): a reset says the app's kernel held bytes of the
     ///   request that the app never read ([`reset_unread`]), as when gunicorn's
     ///   gthread worker exits at `--max-requests` with requests queued on its
-    ///   kept-alive connections.
+    ///   kept-alive connections. This and the first case hold on a new
+    ///   connection too (that worker also accepts connections it never reads).
+    ///
+    /// A request goes at most twice.
     ///
     /// # Errors
     /// [`SendError`]: `reached_app` false when the app could not be reached
@@ -176,69 +179,44 @@ impl Pool {
     /// have reached it.
     pub async fn send(
         &'static self,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
-        let (mut maybe_delivered, mut resending) = (false, false);
         if let Some(mut conn) = self.checkout() {
-            // A copy of the head to send again, if it comes to that, and of
-            // the body as it goes out (up to [`RESEND_BODY_MAX`]).
-            let idempotent = is_idempotent(req.method());
-            let bodiless = req.body().is_end_stream();
-            let head = head_copy(&req);
-            let body = (!bodiless).then(|| {
-                let copy = Arc::new(BodyCopy::default());
-                req.body_mut().copy = Some(copy.clone());
-                copy
-            });
-            let read_before = conn.read.load(Relaxed);
-            match conn.send.try_send_request(req).await {
-                Ok(resp) => {
-                    if let Some(body) = body {
-                        body.spoil();
-                    }
-                    return Ok((resp, self.lease(conn)));
-                }
-                Err(mut e) => {
-                    let nothing_back = conn.read.load(Relaxed) == read_before;
-                    let whole = match &body {
-                        None => Some(Bytes::new()),
-                        Some(copy) => copy.whole(),
-                    };
-                    match (e.take_message(), whole) {
-                        // Not a byte of it went out.
-                        (Some(back), _) => req = back,
-                        (None, Some(whole))
-                            if nothing_back
-                                && ((idempotent
-                                    && bodiless
-                                    && closed_before_response(e.error()))
-                                    || reset_unread(e.error())) =>
-                        {
-                            req = with_body(head, whole);
-                            maybe_delivered = true;
-                        }
-                        (None, _) => {
-                            return Err(SendError {
-                                reached_app: true,
-                                message: e.into_error().to_string(),
-                            });
-                        }
-                    }
+            match attempt(&mut conn, req, true).await {
+                Ok(resp) => return Ok((resp, self.lease(conn))),
+                Err(Failed::Lost(e)) => return Err(e),
+                Err(Failed::Again(again, delivered)) => {
+                    log::debug!("proxy: pooled upstream connection closed, sending again");
+                    return self.send_again(*again, delivered).await;
                 }
             }
-            if let Some(body) = body {
-                body.spoil();
-            }
-            log::debug!("proxy: pooled upstream connection closed, sending again");
-            resending = true;
         }
+        let mut conn = self.connect().await?;
+        match attempt(&mut conn, req, false).await {
+            Ok(resp) => Ok((resp, self.lease(conn))),
+            Err(Failed::Lost(e)) => Err(e),
+            Err(Failed::Again(again, delivered)) => {
+                log::debug!(
+                    "proxy: new upstream connection reset the request unread, sending again"
+                );
+                self.send_again(*again, delivered).await
+            }
+        }
+    }
+
+    /// Sends `req` once more, on a new connection (counted in
+    /// [`Pool::resent`] once connected). `maybe_delivered`: the first attempt
+    /// may have reached the app, so a refused connect is not "never reached".
+    async fn send_again(
+        &'static self,
+        req: Request<ProxyBody>,
+        maybe_delivered: bool,
+    ) -> Result<(Response<Incoming>, Lease), SendError> {
         let mut conn = self.connect().await.map_err(|e| SendError {
             reached_app: e.reached_app || maybe_delivered,
             message: e.message,
         })?;
-        if resending {
-            self.resent.fetch_add(1, Relaxed);
-        }
+        self.resent.fetch_add(1, Relaxed);
         match conn.send.send_request(req).await {
             Ok(resp) => Ok((resp, self.lease(conn))),
             Err(e) => Err(SendError {
@@ -390,6 +368,68 @@ fn is_idempotent(m: &Method) -> bool {
         *m,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
+}
+
+/// Why a request got no response on a connection.
+enum Failed {
+    /// It may go once more on a new connection: the request (its head and
+    /// whole body) and whether the first attempt may have reached the app.
+    Again(Box<Request<ProxyBody>>, bool),
+    /// It may have reached the app: never sent twice.
+    Lost(SendError),
+}
+
+/// Sends `req` on `conn` (`reused`: it carried a request before), keeping a
+/// copy of its head and of its body as it goes out (up to [`RESEND_BODY_MAX`]),
+/// so that it can go once more when [`Pool::send`]'s rules allow.
+///
+/// # Errors
+/// [`Failed`]: whether it may be sent again, and how.
+async fn attempt(
+    conn: &mut Conn,
+    mut req: Request<ProxyBody>,
+    reused: bool,
+) -> Result<Response<Incoming>, Failed> {
+    let idempotent = is_idempotent(req.method());
+    let bodiless = req.body().is_end_stream();
+    let head = head_copy(&req);
+    let body = (!bodiless).then(|| {
+        let copy = Arc::new(BodyCopy::default());
+        req.body_mut().copy = Some(copy.clone());
+        copy
+    });
+    let read_before = conn.read.load(Relaxed);
+    let sent = conn.send.try_send_request(req).await;
+    let whole = match &body {
+        None => Some(Bytes::new()),
+        Some(copy) => {
+            let whole = sent.as_ref().err().and_then(|_| copy.whole());
+            // Nothing more is kept: the response head came, or the request
+            // goes again with its copy (or not at all).
+            copy.spoil();
+            whole
+        }
+    };
+    let mut e = match sent {
+        Ok(resp) => return Ok(resp),
+        Err(e) => e,
+    };
+    let nothing_back = conn.read.load(Relaxed) == read_before;
+    match (e.take_message(), whole) {
+        // Not a byte of it went out.
+        (Some(back), _) => Err(Failed::Again(Box::new(back), false)),
+        (None, Some(whole))
+            if nothing_back
+                && ((reused && idempotent && bodiless && closed_before_response(e.error()))
+                    || reset_unread(e.error())) =>
+        {
+            Err(Failed::Again(Box::new(with_body(head, whole)), true))
+        }
+        (None, _) => Err(Failed::Lost(SendError {
+            reached_app: true,
+            message: e.into_error().to_string(),
+        })),
+    }
 }
 
 /// `req`'s head with an empty body.
@@ -817,6 +857,39 @@ mod tests {
     async fn a_post_the_app_reset_unread_is_sent_once_more_with_its_body() {
         let (addr, conns) = app(1, RACE_LINGER).await;
         let pool = closed_as_picked(addr).await;
+        let post = Request::post("/")
+            .header("host", "app")
+            .body(ProxyBody::local("data"))
+            .unwrap();
+        let (resp, _lease) = pool.send(post).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert_eq!(pool.resent(), 1);
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A new connection the app accepts and then closes with the request
+    /// unread (a reset), as gunicorn's exiting gthread worker does with the
+    /// connections it accepted last (gunicorn#3038): the POST goes once more,
+    /// on another new connection, and is answered.
+    #[tokio::test]
+    async fn a_post_reset_unread_on_a_new_connection_is_sent_once_more() {
+        let first = std::sync::Arc::new(AtomicBool::new(true));
+        let (addr, conns) = counting_app(move |mut tcp| {
+            let first = first.swap(false, SeqCst);
+            async move {
+                if first {
+                    // Wait for the request's bytes, then close with them
+                    // unread: the kernel resets the connection.
+                    let _ = tcp.readable().await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    return;
+                }
+                assert!(read_head(&mut tcp).await);
+                let _ = tcp.write_all(OK).await;
+            }
+        })
+        .await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
         let post = Request::post("/")
             .header("host", "app")
             .body(ProxyBody::local("data"))
