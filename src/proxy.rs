@@ -490,13 +490,15 @@ impl Proxy {
         // now (STOP_QUIET): accepted, they get the 503; left in the kernel's
         // queue at the exit, a reset. And the 503s still reading their
         // request's body (Rejecting): counted `rejected`, they must go out.
+        // After drainit's SIGKILL (the deadline, a second signal) likewise:
+        // the abandoned requests' 502s (with `Connection: close`) are still
+        // being written, and their clients reconnect at once to retry.
         let ledger = &self.shared.ledger;
-        let forwarded = self.shared.gate() >= Gate::Forwarded;
+        let lingering = self.shared.gate() >= Gate::Forwarded || self.shared.killing.load(SeqCst);
         let until = Instant::now() + STOP_SETTLE;
-        while !ledger.cutting()
-            && (ledger.in_flight() > 0
-                || self.shared.rejecting.load(SeqCst) > 0
-                || (forwarded && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
+        while ((!ledger.cutting() && ledger.in_flight() > 0)
+            || self.shared.rejecting.load(SeqCst) > 0
+            || (lingering && (self.shared.unanswered.load(SeqCst) > 0 || !self.shared.still())))
             && Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(1));
@@ -516,6 +518,9 @@ impl Proxy {
     /// requests in flight and the streams open.
     pub fn abandon(&self) -> (u64, usize) {
         self.shared.killing.store(true, SeqCst);
+        // The 502s go out now and their clients reconnect: [`Proxy::stop`]
+        // keeps accepting (503) until [`STOP_QUIET`] has passed since.
+        self.shared.stir();
         self.shared.ledger.cut_all();
         (self.shared.ledger.in_flight(), self.shared.streams.open())
     }
@@ -1060,6 +1065,10 @@ pub struct ProxyBody {
     unflushed: Option<std::sync::Arc<Unflushed>>,
     /// drainit's 503 to a `rejected` request: counted until written.
     rejecting: Option<Rejecting>,
+    /// As a request body sent on a reused connection: what of it went out, so
+    /// the request can go once more if the app resets it unread
+    /// ([`upstream::Pool::send`]).
+    copy: Option<std::sync::Arc<upstream::BodyCopy>>,
 }
 
 /// An SSE response body counted as a stream: ended between events at beat 3.
@@ -1093,6 +1102,7 @@ impl ProxyBody {
             lease: None,
             unflushed: None,
             rejecting: None,
+            copy: None,
         }
     }
 
@@ -1174,6 +1184,23 @@ impl Body for ProxyBody {
                     BODY_IDLE.as_secs()
                 )
                 .into())));
+            }
+        }
+        if let Some(copy) = &this.copy {
+            match &polled {
+                Poll::Ready(Some(Ok(f))) => match f.data_ref() {
+                    Some(data) => {
+                        copy.push(data);
+                        if this.is_end_stream() {
+                            copy.end();
+                        }
+                    }
+                    // Trailers are not kept: such a request is not sent twice.
+                    None => copy.spoil(),
+                },
+                Poll::Ready(None) => copy.end(),
+                Poll::Ready(Some(Err(_))) => copy.spoil(),
+                Poll::Pending => {}
             }
         }
         if let (Some(sse), Poll::Ready(Some(Ok(frame)))) = (&mut this.sse, &polled)

@@ -22,7 +22,8 @@
 //! - a reused connection found closed (the app closed it as drainit picked
 //!   it) is given up, and the request goes once more on a new connection when
 //!   that is safe ([`Pool::send`] says when); a request the app may have acted
-//!   on is sent twice only if it is idempotent (RFC 9110 §9.2.2);
+//!   on is sent twice only if it is idempotent (RFC 9110 §9.2.2), and any
+//!   request the app reset unread is sent once more;
 //! - a connection is reused only after its response was read whole (hyper
 //!   says when it can take the next request); one whose response was cut is
 //!   closed.
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -160,7 +162,16 @@ impl Pool {
     ///   request's bytes go out after the app's FIN and the app never reads
     ///   them (nginx's `proxy_next_upstream error` resends idempotent requests
     ///   too). The app may also have died reading it: if the second attempt
-    ///   cannot connect, the request counts as having reached the app.
+    ///   cannot connect, the request counts as having reached the app;
+    /// - the app reset the connection without sending a byte back, whatever
+    ///   the method, with a body of at most [`RESEND_BODY_MAX`] that went out
+    ///   whole ([`BodyCopy`]): a reset says the app's kernel held bytes of the
+    ///   request that the app never read ([`reset_unread`]), as when gunicorn's
+    ///   gthread worker exits at `--max-requests` with requests queued on its
+    ///   kept-alive connections. This and the first case hold on a new
+    ///   connection too (that worker also accepts connections it never reads).
+    ///
+    /// A request goes at most twice.
     ///
     /// # Errors
     /// [`SendError`]: `reached_app` false when the app could not be reached
@@ -168,44 +179,44 @@ impl Pool {
     /// have reached it.
     pub async fn send(
         &'static self,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
-        let (mut maybe_delivered, mut resending) = (false, false);
         if let Some(mut conn) = self.checkout() {
-            // A copy to send again, if it comes to that (a head only: no body).
-            let again = (is_idempotent(req.method()) && req.body().is_end_stream())
-                .then(|| head_copy(&req));
-            let read_before = conn.read.load(Relaxed);
-            match conn.send.try_send_request(req).await {
+            match attempt(&mut conn, req, true).await {
                 Ok(resp) => return Ok((resp, self.lease(conn))),
-                Err(mut e) => match (e.take_message(), again) {
-                    // Not a byte of it went out.
-                    (Some(back), _) => req = back,
-                    (None, Some(copy))
-                        if conn.read.load(Relaxed) == read_before
-                            && closed_before_response(e.error()) =>
-                    {
-                        req = copy;
-                        maybe_delivered = true;
-                    }
-                    (None, _) => {
-                        return Err(SendError {
-                            reached_app: true,
-                            message: e.into_error().to_string(),
-                        });
-                    }
-                },
+                Err(Failed::Lost(e)) => return Err(e),
+                Err(Failed::Again(again, delivered)) => {
+                    log::debug!("proxy: pooled upstream connection closed, sending again");
+                    return self.send_again(*again, delivered).await;
+                }
             }
-            log::debug!("proxy: pooled upstream connection closed, sending again");
-            resending = true;
         }
+        let mut conn = self.connect().await?;
+        match attempt(&mut conn, req, false).await {
+            Ok(resp) => Ok((resp, self.lease(conn))),
+            Err(Failed::Lost(e)) => Err(e),
+            Err(Failed::Again(again, delivered)) => {
+                log::debug!(
+                    "proxy: new upstream connection reset the request unread, sending again"
+                );
+                self.send_again(*again, delivered).await
+            }
+        }
+    }
+
+    /// Sends `req` once more, on a new connection (counted in
+    /// [`Pool::resent`] once connected). `maybe_delivered`: the first attempt
+    /// may have reached the app, so a refused connect is not "never reached".
+    async fn send_again(
+        &'static self,
+        req: Request<ProxyBody>,
+        maybe_delivered: bool,
+    ) -> Result<(Response<Incoming>, Lease), SendError> {
         let mut conn = self.connect().await.map_err(|e| SendError {
             reached_app: e.reached_app || maybe_delivered,
             message: e.message,
         })?;
-        if resending {
-            self.resent.fetch_add(1, Relaxed);
-        }
+        self.resent.fetch_add(1, Relaxed);
         match conn.send.send_request(req).await {
             Ok(resp) => Ok((resp, self.lease(conn))),
             Err(e) => Err(SendError {
@@ -359,6 +370,68 @@ fn is_idempotent(m: &Method) -> bool {
     )
 }
 
+/// Why a request got no response on a connection.
+enum Failed {
+    /// It may go once more on a new connection: the request (its head and
+    /// whole body) and whether the first attempt may have reached the app.
+    Again(Box<Request<ProxyBody>>, bool),
+    /// It may have reached the app: never sent twice.
+    Lost(SendError),
+}
+
+/// Sends `req` on `conn` (`reused`: it carried a request before), keeping a
+/// copy of its head and of its body as it goes out (up to [`RESEND_BODY_MAX`]),
+/// so that it can go once more when [`Pool::send`]'s rules allow.
+///
+/// # Errors
+/// [`Failed`]: whether it may be sent again, and how.
+async fn attempt(
+    conn: &mut Conn,
+    mut req: Request<ProxyBody>,
+    reused: bool,
+) -> Result<Response<Incoming>, Failed> {
+    let idempotent = is_idempotent(req.method());
+    let bodiless = req.body().is_end_stream();
+    let head = head_copy(&req);
+    let body = (!bodiless).then(|| {
+        let copy = Arc::new(BodyCopy::default());
+        req.body_mut().copy = Some(copy.clone());
+        copy
+    });
+    let read_before = conn.read.load(Relaxed);
+    let sent = conn.send.try_send_request(req).await;
+    let whole = match &body {
+        None => Some(Bytes::new()),
+        Some(copy) => {
+            let whole = sent.as_ref().err().and_then(|_| copy.whole());
+            // Nothing more is kept: the response head came, or the request
+            // goes again with its copy (or not at all).
+            copy.spoil();
+            whole
+        }
+    };
+    let mut e = match sent {
+        Ok(resp) => return Ok(resp),
+        Err(e) => e,
+    };
+    let nothing_back = conn.read.load(Relaxed) == read_before;
+    match (e.take_message(), whole) {
+        // Not a byte of it went out.
+        (Some(back), _) => Err(Failed::Again(Box::new(back), false)),
+        (None, Some(whole))
+            if nothing_back
+                && ((reused && idempotent && bodiless && closed_before_response(e.error()))
+                    || reset_unread(e.error())) =>
+        {
+            Err(Failed::Again(Box::new(with_body(head, whole)), true))
+        }
+        (None, _) => Err(Failed::Lost(SendError {
+            reached_app: true,
+            message: e.into_error().to_string(),
+        })),
+    }
+}
+
 /// `req`'s head with an empty body.
 fn head_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
     let mut copy = Request::new(ProxyBody::local(""));
@@ -367,6 +440,87 @@ fn head_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
     copy
+}
+
+/// `head` (from [`head_copy`]) with `body` in place of its empty one.
+fn with_body(head: Request<ProxyBody>, body: Bytes) -> Request<ProxyBody> {
+    if body.is_empty() {
+        return head;
+    }
+    let (parts, _) = head.into_parts();
+    Request::from_parts(
+        parts,
+        ProxyBody::plain(super::Inner::Local(http_body_util::Full::new(body))),
+    )
+}
+
+/// The largest request body kept while its response head is awaited on a
+/// reused connection ([`BodyCopy`]); a longer one is never sent twice. The
+/// same bound as the body drainit reads before its own 503.
+pub const RESEND_BODY_MAX: usize = 64 * 1024;
+
+/// What of a request body went out on a reused connection (its frames, shared,
+/// not copied), up to [`RESEND_BODY_MAX`], so that the request can go once
+/// more if the app resets the connection with it unread ([`Pool::send`]).
+/// Given up once the response head came.
+#[derive(Default)]
+pub struct BodyCopy(Mutex<CopyState>);
+
+#[derive(Default)]
+struct CopyState {
+    frames: Vec<Bytes>,
+    len: usize,
+    /// The body's end was seen: `frames` hold all of it.
+    whole: bool,
+    /// Too long, trailers, a read error, or no longer needed: never resent.
+    spoiled: bool,
+}
+
+impl BodyCopy {
+    /// Keeps `data`, the body's next bytes, unless the body is now longer than
+    /// [`RESEND_BODY_MAX`].
+    pub fn push(&self, data: &Bytes) {
+        let mut s = self.lock();
+        if s.spoiled {
+            return;
+        }
+        s.len += data.len();
+        if s.len > RESEND_BODY_MAX {
+            s.spoiled = true;
+            s.frames = Vec::new();
+        } else {
+            s.frames.push(data.clone());
+        }
+    }
+
+    /// The body ended: what was kept is all of it.
+    pub fn end(&self) {
+        self.lock().whole = true;
+    }
+
+    /// Keeps nothing more, and the request is not sent twice.
+    pub fn spoil(&self) {
+        let mut s = self.lock();
+        s.spoiled = true;
+        s.frames = Vec::new();
+    }
+
+    /// The whole body, if its end was seen and it was kept.
+    fn whole(&self) -> Option<Bytes> {
+        let s = self.lock();
+        if !s.whole || s.spoiled {
+            return None;
+        }
+        let mut all = bytes::BytesMut::with_capacity(s.len);
+        for f in &s.frames {
+            all.extend_from_slice(f);
+        }
+        Some(all.freeze())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CopyState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// The connection ended (EOF, reset, broken pipe) before a whole response
@@ -384,6 +538,19 @@ fn closed_before_response(e: &hyper::Error) -> bool {
                         | std::io::ErrorKind::ConnectionAborted
                 )
             })
+}
+
+/// The app reset the connection: the kernel does that when a socket is closed
+/// with received bytes its process never read (RFC 9293 §3.6.1), or when bytes
+/// come after it was closed. On a reused connection that carried nothing but
+/// this request since its last response was read whole, with nothing read
+/// back, those bytes are this request's: the app did not read it, whatever its
+/// method (a process that read a request and then died closes with a FIN).
+fn reset_unread(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    e.source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
 }
 
 /// A TCP connection to the app (`TCP_NODELAY`), within [`CONNECT_TIMEOUT`].
@@ -681,22 +848,93 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
-    /// The same race with a POST and its body: it may have reached the app,
-    /// and it is not idempotent, so it is not sent again (the proxy answers 502
-    /// and the ledger says `unknown`).
+    /// The same race with a POST and its body: written after the app closed
+    /// the connection, it is answered by the app's kernel with a reset, which
+    /// says the app never read it: it goes once more, on a new connection, and
+    /// is answered (gunicorn's gthread worker recycled by `--max-requests`
+    /// leaves requests unread so, gunicorn#3038).
     #[tokio::test]
-    async fn a_post_given_a_connection_the_app_just_closed_is_not_sent_again() {
-        let (addr, _) = app(1, RACE_LINGER).await;
+    async fn a_post_the_app_reset_unread_is_sent_once_more_with_its_body() {
+        let (addr, conns) = app(1, RACE_LINGER).await;
         let pool = closed_as_picked(addr).await;
         let post = Request::post("/")
             .header("host", "app")
             .body(ProxyBody::local("data"))
             .unwrap();
+        let (resp, _lease) = pool.send(post).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert_eq!(pool.resent(), 1);
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A new connection the app accepts and then closes with the request
+    /// unread (a reset), as gunicorn's exiting gthread worker does with the
+    /// connections it accepted last (gunicorn#3038): the POST goes once more,
+    /// on another new connection, and is answered.
+    #[tokio::test]
+    async fn a_post_reset_unread_on_a_new_connection_is_sent_once_more() {
+        let first = std::sync::Arc::new(AtomicBool::new(true));
+        let (addr, conns) = counting_app(move |mut tcp| {
+            let first = first.swap(false, SeqCst);
+            async move {
+                if first {
+                    // Wait for the request's bytes, then close with them
+                    // unread: the kernel resets the connection.
+                    let _ = tcp.readable().await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    return;
+                }
+                assert!(read_head(&mut tcp).await);
+                let _ = tcp.write_all(OK).await;
+            }
+        })
+        .await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let post = Request::post("/")
+            .header("host", "app")
+            .body(ProxyBody::local("data"))
+            .unwrap();
+        let (resp, _lease) = pool.send(post).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert_eq!(pool.resent(), 1);
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A POST the app read whole on a reused connection, then closed it
+    /// without answering (a FIN, no reset: it may have acted on it): not sent
+    /// again, a 502 for the proxy and `unknown` in the ledger.
+    #[tokio::test]
+    async fn a_post_the_app_read_and_closed_without_answering_is_not_sent_again() {
+        let (addr, conns) = counting_app(|mut tcp| async move {
+            assert!(read_head(&mut tcp).await);
+            tcp.write_all(OK).await.unwrap();
+            // The POST's head and its 4-byte body, all of it read.
+            let (mut buf, mut got) = ([0u8; 4096], Vec::new());
+            while !got.ends_with(b"\r\n\r\ndata") {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            // Dropped: a FIN, nothing unread.
+        })
+        .await;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let (resp, lease) = pool.send(get("/")).await.unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        drop(lease);
+        tokio::task::yield_now().await;
+        let post = Request::post("/")
+            .header("host", "app")
+            .header("content-length", "4")
+            .body(ProxyBody::local("data"))
+            .unwrap();
         let Err(e) = pool.send(post).await else {
-            panic!("the POST was answered on a closed connection");
+            panic!("the POST the app read was answered");
         };
         assert!(e.reached_app, "{e:?}");
         assert_eq!(pool.resent(), 0);
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// The same race when the app is gone for good (it closed the connection
