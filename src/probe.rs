@@ -66,9 +66,7 @@ pub use crate::published::{Published, readyz_asked};
 /// # Errors
 /// `bind(2)`/`listen(2)` failed (address in use, permission denied …).
 pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
+    crate::util::bind_listener(addr)
 }
 
 /// Serves probes until the runtime stops. Spawn it with `spawn_local` on a

@@ -222,9 +222,7 @@ pub struct Proxy {
 /// # Errors
 /// The bind's error.
 pub fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
-    let l = StdListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
+    crate::util::bind_listener(addr)
 }
 
 /// A tokio multi-thread runtime whose workers the OS refuses (a pids limit:

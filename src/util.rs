@@ -1,5 +1,6 @@
 //! Small helpers shared by several modules: durations in log lines, an optional
-//! deadline to sleep until, I/O errors as a word.
+//! deadline to sleep until, I/O errors as a word, a listener with a deep accept
+//! queue.
 //!
 //! Must not: hold state or depend on another drainit module (it sits at the bottom
 //! of the module graph).
@@ -51,6 +52,25 @@ pub fn io_word(e: &std::io::Error) -> Option<&'static str> {
 /// operator, never for the report or a probe).
 pub fn io_word_or_text(e: &std::io::Error) -> String {
     io_word(e).map_or_else(|| e.to_string(), String::from)
+}
+
+/// Binds a non-blocking TCP listener whose accept queue is as deep as the
+/// kernel allows (`listen(2)` again with a backlog of -1, which Linux clamps to
+/// `net.core.somaxconn`: 4096 by default since Linux 5.4). Rust's standard
+/// library listens with 128: a burst of more connections than drainit accepts
+/// at once (hundreds of slow probe clients, clients reconnecting at a drain's
+/// forward) fills that queue, and a SYN the kernel drops is sent again only
+/// after the client's initial retransmission timeout, 1 s (RFC 6298 §2), which
+/// is the kubelet's whole probe timeout. nginx listens with 511, HAProxy with
+/// its `maxconn`.
+///
+/// # Errors
+/// `bind(2)`/`listen(2)` failed (address in use, permission denied …).
+pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    nix::sys::socket::listen(&l, nix::sys::socket::Backlog::MAXALLOWABLE)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
 }
 
 #[cfg(test)]

@@ -143,3 +143,51 @@ fn under_a_flood_readyz_fails_at_once_and_the_sigkill_keeps_the_deadline() {
     assert_eq!(num(&rep, "requests.abandoned"), 1, "{rep}");
     assert_eq!(num(&rep, "requests.unknown"), 0, "{rep}");
 }
+
+/// A burst of connections drainit does not accept at once (here: drainit is
+/// stopped) waits in the kernel's accept queue, on the probe port and on the
+/// proxy's: every connect completes at once. With the standard library's
+/// backlog of 128, the 130th SYN was dropped and its client waited for the
+/// retransmission, 1 s later: the kubelet's whole probe timeout.
+#[test]
+fn a_burst_of_connections_waits_in_the_accept_queue_not_in_a_retransmission() {
+    const BURST: usize = 300;
+    let [port, app, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let mut r = Running::start(
+        Mode::Subreaper,
+        &[
+            "--probe-addr",
+            &probe_addr,
+            "--proxy",
+            &proxy,
+            "--pre-drain-delay",
+            "0s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    assert!(
+        wait_until(secs(10), || http(probe, "/healthz", "GET").0 == 200),
+        "{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGSTOP);
+    for (what, p) in [("probe", probe), ("proxy", port)] {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+        let held: Vec<TcpStream> = (0..BURST)
+            .map(|i| {
+                TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("{what} connection {i} of {BURST}: {e}"))
+            })
+            .collect();
+        drop(held);
+    }
+    r.signal(libc::SIGCONT);
+    assert_eq!(http(probe, "/healthz", "GET").0, 200);
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    assert_eq!(code, 0, "{}", r.stderr_text());
+}
