@@ -1832,10 +1832,9 @@ fn expects_continue(h: &HeaderMap) -> bool {
 fn wants_upgrade(h: &HeaderMap) -> bool {
     // Most requests have no `Upgrade`: one lookup, nothing more.
     let only_h2c = || {
-        h.get_all(header::UPGRADE).iter().all(|v| {
-            v.to_str()
-                .is_ok_and(|s| s.split(',').all(|t| t.trim().eq_ignore_ascii_case("h2c")))
-        })
+        h.get_all(header::UPGRADE)
+            .iter()
+            .all(|v| v.to_str().is_ok_and(|s| s.split(',').all(is_h2c)))
     };
     h.contains_key(header::UPGRADE)
         && !only_h2c()
@@ -1903,11 +1902,15 @@ fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     }
 }
 
+/// An `Upgrade` list's token (surrounding spaces allowed) names h2c.
+fn is_h2c(token: &str) -> bool {
+    token.trim().eq_ignore_ascii_case("h2c")
+}
+
 /// Takes the `h2c` token out of an upgrade's `Upgrade` list (`websocket, h2c`
 /// becomes `websocket`), so the app cannot switch to HTTP/2 inside a tunnel
 /// whose requests the ledger would never see (see [`wants_upgrade`]).
 fn drop_h2c(h: &mut HeaderMap) {
-    let is_h2c = |t: &str| t.trim().eq_ignore_ascii_case("h2c");
     let has_h2c = h
         .get_all(header::UPGRADE)
         .iter()

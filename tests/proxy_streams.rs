@@ -56,6 +56,18 @@ fn replica(flags: &[&str]) -> (Running, u16) {
     (r, port)
 }
 
+/// SIGTERMs the replica and waits for its exit: 0, one request `completed`;
+/// the report.
+fn drained_with_one_request(r: &mut Running) -> Value {
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    let rep = r.report();
+    let q = ledger(&rep);
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(q, "completed"), 1, "{q}");
+    rep
+}
+
 /// A WebSocket handshake on `port`; the stream after the 101.
 fn ws_open(port: u16) -> Option<TcpStream> {
     ws_open_offering(port, "websocket")
@@ -324,12 +336,7 @@ fn a_client_that_half_closes_still_gets_the_apps_answer() {
         "the app's echo was lost: {got:?}\n{}",
         r.stderr_text()
     );
-    r.signal(libc::SIGTERM);
-    let (code, _) = r.wait(secs(10));
-    let rep = r.report();
-    let q = ledger(&rep);
-    assert_eq!(code, 0, "{q}");
-    assert_eq!(num(q, "completed"), 1, "{q}");
+    let rep = drained_with_one_request(&mut r);
     assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
     assert_eq!(num(&rep, "streams.completed"), 1, "{rep}");
 }
@@ -391,11 +398,6 @@ fn an_h2c_upgrade_is_served_as_http1_without_its_upgrade_fields() {
     for field in ["\"upgrade\"", "\"http2-settings\"", "\"connection\""] {
         assert!(!body.contains(field), "the app got {field}: {body}");
     }
-    r.signal(libc::SIGTERM);
-    let (code, _) = r.wait(secs(10));
-    let rep = r.report();
-    let q = ledger(&rep);
-    assert_eq!(code, 0, "{q}");
-    assert_eq!(num(q, "completed"), 1, "{q}");
+    let rep = drained_with_one_request(&mut r);
     assert_eq!(num(&rep, "streams.opened"), 0, "{rep}");
 }
