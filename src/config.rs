@@ -143,7 +143,7 @@ pub struct Cli {
     #[arg(long)]
     pub check_config: bool,
     /// Health-check client: GET /readyz or /healthz on the probe address, exit 0 on 200, 1 otherwise (3 s at most); starts nothing
-    #[arg(long, value_name = "readyz|healthz")]
+    #[arg(long, value_name = "readyz|healthz", conflicts_with = "check_config")]
     pub probe: Option<String>,
     /// Format of drainit's own log lines on stderr: text or json [default: text]
     #[arg(long, env = "DRAINIT_LOG_FORMAT", value_name = "text|json")]

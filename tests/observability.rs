@@ -356,7 +356,7 @@ fn the_probe_client_exits_0_on_200_and_1_otherwise_within_its_bound() {
     assert!(took >= secs(3) && took < secs(6), "{took:?}");
     drop(silent);
 
-    // Off, a bad path, a command: refused.
+    // Off, a bad path, a command, --check-config: refused.
     assert_eq!(
         run_client(&["--probe", "readyz", "--probe-addr", "off"], &[], secs(10)).0,
         1
@@ -366,6 +366,10 @@ fn the_probe_client_exits_0_on_200_and_1_otherwise_within_its_bound() {
     assert!(err.contains("--probe"), "{err}");
     let (rc, _, err, _) = run_client(&["--probe", "readyz", "--", "true"], &[], secs(10));
     assert_eq!(rc, 64, "{err}");
+    // Two things to do at once: neither is done (the probe ran before).
+    let (rc, _, err, _) = run_client(&["--probe", "readyz", "--check-config"], &[], secs(10));
+    assert_eq!(rc, 64, "{err}");
+    assert!(err.contains("--check-config"), "{err}");
 
     r.signal(libc::SIGTERM);
     r.wait(secs(10));
