@@ -312,7 +312,8 @@ fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
         "counter",
         "Requests through the admission proxy by outcome (rejected: answered 503 by drainit, never sent to the app).",
     );
-    for (outcome, n) in ledger.by_outcome() {
+    let (outcomes, in_flight) = ledger.by_outcome();
+    for (outcome, n) in outcomes {
         let _ = writeln!(
             out,
             "drainit_proxy_requests_total{{outcome=\"{outcome}\"}} {n}"
@@ -324,11 +325,7 @@ fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
         "gauge",
         "Admitted requests not yet settled.",
     );
-    let _ = writeln!(
-        out,
-        "drainit_proxy_requests_in_flight {}",
-        ledger.in_flight()
-    );
+    let _ = writeln!(out, "drainit_proxy_requests_in_flight {in_flight}");
     head(
         out,
         "drainit_proxy_malformed_total",

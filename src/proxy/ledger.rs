@@ -293,15 +293,19 @@ impl Ledger {
         }
     }
 
-    /// The outcome counters, for `/metrics`.
-    pub fn by_outcome(&self) -> ByOutcome {
-        [
+    /// The outcome counters and the requests in flight, for `/metrics`: one
+    /// snapshot, as [`Ledger::totals`] takes it, so that a scrape never counts
+    /// a request both settled and still in flight, or neither.
+    pub fn by_outcome(&self) -> (ByOutcome, u64) {
+        let _alone = self.writing.write().unwrap_or_else(PoisonError::into_inner);
+        let outcomes = [
             ("completed", self.completed.load(Relaxed)),
             ("unknown", self.unknown.load(Relaxed)),
             ("abandoned", self.abandoned.load(Relaxed)),
             ("canceled", self.canceled.load(Relaxed)),
             ("rejected", self.rejected.load(Relaxed)),
-        ]
+        ];
+        (outcomes, self.in_flight.load(Relaxed))
     }
 
     /// The duration histogram: non-cumulative bucket counts and the sum in µs.
