@@ -1477,8 +1477,13 @@ async fn handle(
             admitted.refused();
             drop(admitted);
             shared.settled();
-            log::debug!("proxy: upstream {} refused: {}", shared.upstream, e.message);
-            return unavailable("upstream refused", shared.gate(), version);
+            log::debug!("proxy: upstream {} not reached: {}", shared.upstream, e.message);
+            let why = if e.timed_out {
+                "upstream timeout"
+            } else {
+                "upstream refused"
+            };
+            return unavailable(why, shared.gate(), version);
         }
         Err(e)
             if body_fate
@@ -1758,12 +1763,28 @@ async fn health(shared: &'static Shared, version: hyper::Version) -> Response<Pr
 pub const HEALTH_WAIT: Duration = Duration::from_secs(10);
 
 /// drainit's own 503: never reached the app, safe to retry (RFC 9110 §15.6.4,
-/// `Retry-After` §10.2.3, `Proxy-Status` RFC 9209 §2).
+/// `Retry-After` §10.2.3). Its `Proxy-Status` (RFC 9209 §2) names the error
+/// type: `destination_unavailable` before ready and while draining,
+/// `connection_refused` and `connection_timeout` (§2.3.7, §2.3.9) when the
+/// connection to the app failed.
 fn unavailable(why: &'static str, gate: Gate, version: hyper::Version) -> Response<ProxyBody> {
-    let (body, details) = match why {
-        "not ready" => ("503 not ready\n", "\"not ready\""),
-        "draining" => ("503 draining\n", "\"draining\""),
-        _ => ("503 upstream refused\n", "\"upstream refused\""),
+    let (body, error, details) = match why {
+        "not ready" => (
+            "503 not ready\n",
+            "destination_unavailable",
+            "\"not ready\"",
+        ),
+        "draining" => ("503 draining\n", "destination_unavailable", "\"draining\""),
+        "upstream timeout" => (
+            "503 upstream did not accept the connection in time\n",
+            "connection_timeout",
+            "\"upstream connect timeout\"",
+        ),
+        _ => (
+            "503 upstream refused\n",
+            "connection_refused",
+            "\"upstream refused\"",
+        ),
     };
     let mut r = local(StatusCode::SERVICE_UNAVAILABLE, body, gate, version);
     let h = r.headers_mut();
@@ -1771,7 +1792,7 @@ fn unavailable(why: &'static str, gate: Gate, version: hyper::Version) -> Respon
     if version < hyper::Version::HTTP_2 {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    let status = format!("drainit; error=destination_unavailable; details={details}");
+    let status = format!("drainit; error={error}; details={details}");
     if let Ok(v) = HeaderValue::from_str(&status) {
         h.insert(HeaderName::from_static("proxy-status"), v);
     }
@@ -2029,10 +2050,7 @@ async fn send_asterisk(
     conn.send
         .send_request(req)
         .await
-        .map_err(|e| upstream::SendError {
-            reached_app: true,
-            message: e.to_string(),
-        })
+        .map_err(|e| upstream::SendError::reached(e.to_string()))
 }
 
 /// The `Host` field for an absolute-form target's authority: its host and

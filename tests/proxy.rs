@@ -873,9 +873,97 @@ fn an_upstream_that_refuses_gets_a_retryable_503() {
     let resp = get(px.port, "/ok");
     assert_eq!(resp.status, 503, "{resp:?}{}", px.ctx());
     assert!(resp.header("retry-after").is_some(), "{resp:?}");
+    let ps = resp.header("proxy-status").unwrap_or_default();
+    assert!(ps.contains("error=connection_refused"), "{ps}");
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(counts(&rep)[..3], [1, 1, 0], "{rep}");
+}
+
+/// An app slow to accept: Linux drops a SYN while the listener's accept
+/// queue is full, and the connecting side sends it again 1 s, then 3 s after
+/// the first. drainit waits for a connection as long as Envoy's default
+/// connect timeout (5 s), so the request is served once the app accepts (as a
+/// client connecting directly would be), not answered 503. With a bound of
+/// 2 s it was a 503 at 2 s. An app that accepts nothing for 5 s gets its
+/// client a retryable 503 that says so (`Proxy-Status`, RFC 9209
+/// `connection_timeout`), counted `rejected`.
+#[test]
+fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
+    use std::os::fd::AsRawFd;
+    let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // A backlog of 0: one connection waiting to be accepted fills the queue.
+    // SAFETY: listen(2) again on our own listening socket changes its backlog.
+    assert_eq!(unsafe { libc::listen(app.as_raw_fd(), 0) }, 0);
+    let app_port = app.local_addr().unwrap().port();
+    let _filler = TcpStream::connect(("127.0.0.1", app_port)).unwrap();
+    let [port, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--pre-drain-delay",
+        "0s",
+        "--",
+        "sleep",
+        "60",
+    ];
+    let mut r = Running::start(Mode::Subreaper, &args);
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "{}",
+        r.stderr_text()
+    );
+    // Nothing accepted: the connect bound ends it.
+    let sent = Instant::now();
+    let resp = get(port, "/never-accepted");
+    let took = sent.elapsed();
+    assert_eq!(resp.status, 503, "{resp:?}");
+    assert!(took >= Duration::from_millis(4500), "{took:?}");
+    assert_eq!(resp.header("retry-after"), Some("1"), "{resp:?}");
+    let ps = resp.header("proxy-status").unwrap_or_default();
+    assert!(ps.contains("error=connection_timeout"), "{ps}");
+    // Accepted late: waited for.
+    let sent = Instant::now();
+    let client = std::thread::spawn(move || get(port, "/slow-accept"));
+    // The app accepts after 2.5 s: past the old bound, before the kernel's
+    // third SYN (3 s) and well inside the new bound.
+    std::thread::sleep(Duration::from_millis(2500));
+    let server = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut c, _) = app.accept().unwrap();
+            std::thread::spawn(move || {
+                c.set_read_timeout(Some(secs(5))).unwrap();
+                let mut head = Vec::new();
+                let mut b = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(n) if n > 0 => head.extend_from_slice(&b[..n]),
+                        _ => return, // the filler: it sends nothing
+                    }
+                }
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\naccepted");
+                std::thread::sleep(secs(1));
+            });
+        }
+    });
+    let resp = client.join().unwrap();
+    let took = sent.elapsed();
+    assert_eq!(
+        (resp.status, resp.text().as_str()),
+        (200, "accepted"),
+        "after {took:?}: {}",
+        r.stderr_text()
+    );
+    server.join().unwrap();
+    r.signal(libc::SIGTERM);
+    r.wait(secs(10));
+    let rep = r.report();
+    ledger(&rep);
+    assert_eq!(counts(&rep)[..4], [2, 1, 1, 1], "{rep}");
 }
 
 #[test]

@@ -50,8 +50,12 @@ use tokio::sync::Notify;
 use super::ProxyBody;
 
 /// How long a connection attempt to the app may take before the request is
-/// answered 503 (`rejected`, safe to retry).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// answered 503 (`rejected`, safe to retry): 5 s, Envoy's default
+/// `connect_timeout`. An app slow to accept (its accept queue full) has the
+/// kernel drop the SYN and send it again 1 s and 3 s after the first
+/// (RFC 6298's 1 s initial RTO, doubled); 5 s lets both through, as a client
+/// connecting directly would wait; a bound of 2 s made the second a 503.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request did not get the app's response. `reached_app` false: it never
 /// got to the app (refused, connect timeout), so it is safe to retry.
@@ -61,6 +65,9 @@ pub struct SendError {
     pub reached_app: bool,
     /// What failed, for the log.
     pub message: String,
+    /// The connection was not established within [`CONNECT_TIMEOUT`] (the
+    /// app's accept queue full, or nothing answering), not refused.
+    pub timed_out: bool,
 }
 
 impl SendError {
@@ -68,6 +75,16 @@ impl SendError {
         SendError {
             reached_app: false,
             message,
+            timed_out: false,
+        }
+    }
+
+    /// It failed after the request went out: it may have reached the app.
+    pub fn reached(message: String) -> SendError {
+        SendError {
+            reached_app: true,
+            message,
+            timed_out: false,
         }
     }
 }
@@ -214,15 +231,12 @@ impl Pool {
     ) -> Result<(Response<Incoming>, Lease), SendError> {
         let mut conn = self.connect().await.map_err(|e| SendError {
             reached_app: e.reached_app || maybe_delivered,
-            message: e.message,
+            ..e
         })?;
         self.resent.fetch_add(1, Relaxed);
         match conn.send.send_request(req).await {
             Ok(resp) => Ok((resp, self.lease(conn))),
-            Err(e) => Err(SendError {
-                reached_app: true,
-                message: e.to_string(),
-            }),
+            Err(e) => Err(SendError::reached(e.to_string())),
         }
     }
 
@@ -425,10 +439,7 @@ async fn attempt(
         {
             Err(Failed::Again(Box::new(with_body(head, whole)), true))
         }
-        (None, _) => Err(Failed::Lost(SendError {
-            reached_app: true,
-            message: e.into_error().to_string(),
-        })),
+        (None, _) => Err(Failed::Lost(SendError::reached(e.into_error().to_string()))),
     }
 }
 
@@ -560,8 +571,9 @@ fn reset_unread(e: &hyper::Error) -> bool {
 async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
-        .map_err(|_| {
-            SendError::unreached(format!(
+        .map_err(|_| SendError {
+            timed_out: true,
+            ..SendError::unreached(format!(
                 "connect to {addr}: no answer within {} s",
                 CONNECT_TIMEOUT.as_secs()
             ))
@@ -679,6 +691,7 @@ impl Multiplexed {
                         return Err(SendError {
                             reached_app: unsent.is_none(),
                             message: e.into_error().to_string(),
+                            timed_out: false,
                         });
                     }
                 },
