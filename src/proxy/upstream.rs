@@ -45,7 +45,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::ProxyBody;
 
@@ -58,16 +58,29 @@ use super::ProxyBody;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request did not get the app's response. `reached_app` false: it never
-/// got to the app (refused, connect timeout), so it is safe to retry.
+/// got to the app (refused, connect timeout, halted), so it is safe to retry.
 #[derive(Debug)]
 pub struct SendError {
     /// The request may have reached the app.
     pub reached_app: bool,
     /// What failed, for the log.
     pub message: String,
-    /// The connection was not established within [`CONNECT_TIMEOUT`] (the
-    /// app's accept queue full, or nothing answering), not refused.
-    pub timed_out: bool,
+    /// How the connection to the app failed, when that is what failed
+    /// (`Refused` otherwise).
+    pub connect: ConnectFailed,
+}
+
+/// How a connection to the app was not established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectFailed {
+    /// Refused, reset, or the handshake failed (or not a connect failure).
+    Refused,
+    /// Not established within [`CONNECT_TIMEOUT`] of the request asking for
+    /// it (the app's accept queue full, or nothing answering).
+    TimedOut,
+    /// Still connecting when drainit stopped connecting ([`Pool::halt`],
+    /// [`Multiplexed::halt`]: the app is being SIGKILLed, or drainit exits).
+    Halted,
 }
 
 impl SendError {
@@ -75,7 +88,7 @@ impl SendError {
         SendError {
             reached_app: false,
             message,
-            timed_out: false,
+            connect: ConnectFailed::Refused,
         }
     }
 
@@ -84,7 +97,18 @@ impl SendError {
         SendError {
             reached_app: true,
             message,
-            timed_out: false,
+            connect: ConnectFailed::Refused,
+        }
+    }
+
+    /// No connection to `addr` within [`CONNECT_TIMEOUT`].
+    fn timed_out(addr: SocketAddr) -> SendError {
+        SendError {
+            connect: ConnectFailed::TimedOut,
+            ..SendError::unreached(format!(
+                "connect to {addr}: no answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
         }
     }
 }
@@ -101,6 +125,8 @@ pub struct Pool {
     resent: AtomicU64,
     /// Set by [`Pool::close_idle`]: connections are no longer kept.
     closed: AtomicBool,
+    /// Set by [`Pool::halt`]: connects under way end, none is begun.
+    halted: watch::Sender<bool>,
 }
 
 /// One connection to the app: hyper's handle on it, and the bytes read from
@@ -165,7 +191,17 @@ impl Pool {
             filled: Notify::new(),
             resent: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            halted: watch::Sender::new(false),
         }
+    }
+
+    /// Ends the connects under way, and any begun from now on, with
+    /// [`ConnectFailed::Halted`] (never reached the app): drainit is about to
+    /// SIGKILL the app (the deadline, a second signal) or exits, and a request
+    /// still waiting for the app to accept its connection is answered now,
+    /// not cut without an answer at the exit.
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
     }
 
     /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or on a
@@ -247,7 +283,8 @@ impl Pool {
     /// The connect failed or took longer than [`CONNECT_TIMEOUT`].
     pub async fn connect(&self) -> Result<Conn, SendError> {
         let addr = self.addr;
-        let tcp = connect_tcp(addr).await?;
+        let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let tcp = connect_tcp(addr, by, &self.halted).await?;
         let read = Arc::new(AtomicU64::new(0));
         let io = Counted {
             tcp,
@@ -564,21 +601,32 @@ fn reset_unread(e: &hyper::Error) -> bool {
         .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
 }
 
-/// A TCP connection to the app (`TCP_NODELAY`), within [`CONNECT_TIMEOUT`].
+/// A TCP connection to the app (`TCP_NODELAY`), established by `by` (the
+/// request's [`CONNECT_TIMEOUT`]), unless `halted` is or becomes true first.
 ///
 /// # Errors
-/// Refused, or no answer in time: [`SendError`] with `reached_app` false.
-async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| SendError {
-            timed_out: true,
-            ..SendError::unreached(format!(
-                "connect to {addr}: no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
+/// Refused, no answer in time, or halted: [`SendError`] with `reached_app`
+/// false and [`SendError::connect`] saying which.
+async fn connect_tcp(
+    addr: SocketAddr,
+    by: tokio::time::Instant,
+    halted: &watch::Sender<bool>,
+) -> Result<tokio::net::TcpStream, SendError> {
+    let mut halt = halted.subscribe();
+    let tcp = tokio::select! {
+        biased;
+        Ok(_) = halt.wait_for(|h| *h) => {
+            return Err(SendError {
+                connect: ConnectFailed::Halted,
+                ..SendError::unreached(format!(
+                    "connect to {addr}: not established when drainit stopped the app"
+                ))
+            });
+        }
+        r = tokio::time::timeout_at(by, tokio::net::TcpStream::connect(addr)) => r
+            .map_err(|_| SendError::timed_out(addr))?
+            .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?,
+    };
     let _ = tcp.set_nodelay(true);
     Ok(tcp)
 }
@@ -604,6 +652,8 @@ pub struct Multiplexed {
     /// Set by [`Multiplexed::close_idle`] (beat 3): the connection is no longer
     /// kept for later requests, as [`Pool`] keeps none.
     closed: AtomicBool,
+    /// Set by [`Multiplexed::halt`], as [`Pool::halt`].
+    halted: watch::Sender<bool>,
 }
 
 impl Multiplexed {
@@ -615,15 +665,31 @@ impl Multiplexed {
             idle_for,
             conn: tokio::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
+            halted: watch::Sender::new(false),
         }
+    }
+
+    /// As [`Pool::halt`]: the connect under way ends, and so does the wait of
+    /// the requests queued behind it.
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
     }
 
     /// The open connection, or a new one. A connection given up here closes
     /// once its streams have ended (hyper's, when no sender is left). From
     /// beat 3 none is kept: a request admitted before it and sent after gets
     /// the kept one (taken out) or one of its own.
+    ///
+    /// A request waits at most [`CONNECT_TIMEOUT`] in all, the time it waits
+    /// for another request's connect (which holds the lock) included: the
+    /// requests queued behind a connect to an app that does not accept end
+    /// with it, not each [`CONNECT_TIMEOUT`] after the one before.
     async fn sender(&self) -> Result<H2Sender, SendError> {
-        let mut conn = self.conn.lock().await;
+        let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let addr = self.addr;
+        let mut conn = tokio::time::timeout_at(by, self.conn.lock())
+            .await
+            .map_err(|_| SendError::timed_out(addr))?;
         let closed = self.closed.load(SeqCst);
         if let Some((s, last)) = conn.as_mut()
             && !s.is_closed()
@@ -637,8 +703,7 @@ impl Multiplexed {
             return Ok(s);
         }
         *conn = None;
-        let addr = self.addr;
-        let tcp = connect_tcp(addr).await?;
+        let tcp = connect_tcp(addr, by, &self.halted).await?;
         let (send, connection) =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -691,7 +756,7 @@ impl Multiplexed {
                         return Err(SendError {
                             reached_app: unsent.is_none(),
                             message: e.into_error().to_string(),
-                            timed_out: false,
+                            connect: ConnectFailed::Refused,
                         });
                     }
                 },
