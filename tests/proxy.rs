@@ -923,9 +923,12 @@ fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
     // Accepted late: waited for.
     let sent = Instant::now();
     let client = std::thread::spawn(move || get(port, "/slow-accept"));
-    // The app accepts after 2.5 s: past the old bound, before the kernel's
-    // third SYN (3 s) and well inside the new bound.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The app accepts after 1.5 s: the second SYN (1 s) was dropped, the
+    // third (3 s) gets through, past the old bound of 2 s and inside the new
+    // one. 1.5 s, not 2.5: a test thread that oversleeps by half a second on
+    // a loaded machine would have missed the third SYN and made the connect a
+    // 503 at 5 s.
+    std::thread::sleep(Duration::from_millis(1500));
     let server = std::thread::spawn(move || {
         for _ in 0..2 {
             let (mut c, _) = app.accept().unwrap();
@@ -994,8 +997,14 @@ fn a_request_still_connecting_at_the_deadline_gets_a_503_and_counts_rejected() {
     );
     let client = std::thread::spawn(move || Conn::open(port).get("/connecting", &[]));
     // The request is admitted and connecting (its SYN dropped) when the drain
-    // starts; sleep ignores nothing, but the forward waits for the request.
-    std::thread::sleep(Duration::from_millis(500));
+    // starts: the forward waits for it, and the deadline comes first.
+    assert!(
+        wait_until(secs(10), || http(probe, "/metrics", "GET")
+            .2
+            .contains("drainit_proxy_requests_in_flight 1")),
+        "{}",
+        r.stderr_text()
+    );
     r.signal(libc::SIGTERM);
     let (code, ms) = r.wait(secs(15));
     let resp = client.join().unwrap();
@@ -1010,6 +1019,7 @@ fn a_request_still_connecting_at_the_deadline_gets_a_503_and_counts_rejected() {
     let rep = r.report();
     ledger(&rep);
     assert_eq!(counts(&rep)[..8], [1, 1, 0, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(num(&rep["requests"], "in_flight_at_start"), 1, "{rep}");
 }
 
 #[test]
