@@ -723,7 +723,9 @@ impl Multiplexed {
                 log::debug!("proxy: HTTP/2 upstream connection ended: {e}");
             }
         });
-        if !closed {
+        // Read again: beat 3 may have come during the connect (up to
+        // CONNECT_TIMEOUT), when `close_idle` could not take the lock.
+        if !self.closed.load(SeqCst) {
             *conn = Some((send.clone(), Instant::now()));
         }
         Ok(send)
@@ -766,8 +768,8 @@ impl Multiplexed {
 
     /// At beat 3: the connection is let go (it closes once its streams
     /// have ended: no new request will need it), and none is kept after. When
-    /// a connect holds the lock now, the next [`Multiplexed::sender`] lets it
-    /// go instead.
+    /// a connect holds the lock now, [`Multiplexed::sender`] reads `closed`
+    /// again once connected and does not keep the connection it opened.
     pub fn close_idle(&self) {
         self.closed.store(true, SeqCst);
         if let Ok(mut conn) = self.conn.try_lock() {
@@ -1193,6 +1195,48 @@ mod tests {
             assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), n);
         }
         assert!(up.conn.lock().await.is_none());
+    }
+
+    /// Beat 3 while the HTTP/2 connection is being opened (the app slow to
+    /// accept: its accept queue full, the SYN sent again after 1 s): the
+    /// connection serves the request that opened it and is not kept. Kept, it
+    /// stayed open to the app until drainit's exit, and an app that waits for
+    /// its connections to close before exiting waited for the deadline.
+    #[tokio::test]
+    async fn beat_3_during_the_http2_connect_keeps_no_connection() {
+        use nix::sys::socket::{Backlog, listen};
+        let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // listen(2) again on the listening socket: a backlog of 0.
+        listen(&std_l, Backlog::new(0).unwrap()).unwrap();
+        let addr = std_l.local_addr().unwrap();
+        let filler = std::net::TcpStream::connect(addr).unwrap();
+        std_l.set_nonblocking(true).unwrap();
+        let l = tokio::net::TcpListener::from_std(std_l).unwrap();
+        let up: &'static Multiplexed =
+            Box::leak(Box::new(Multiplexed::new(addr, Duration::from_secs(30))));
+        let sent = tokio::spawn(async move { up.send(h2_get("a.example")).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        up.close_idle();
+        // The app accepts: the filler, then drainit's connection.
+        drop(filler);
+        drop(l.accept().await.unwrap());
+        let (tcp, _) = l.accept().await.unwrap();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|_req: Request<Incoming>| async move {
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"ok"),
+                )))
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+        let resp = sent.await.unwrap().unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert!(
+            up.conn.lock().await.is_none(),
+            "a connection is kept after beat 3"
+        );
     }
 
     /// No app listening: the request never reached it (a `rejected` 503).
