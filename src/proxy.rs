@@ -517,17 +517,27 @@ impl Proxy {
     /// Cuts what is in flight now (`abandoned`): drainit is about to SIGKILL
     /// the app (the deadline, or a second signal in beat 3). The
     /// connections are closed by [`Proxy::stop`] at the exit. Returns the
-    /// requests in flight and the streams open.
-    pub fn abandon(&self) -> (u64, usize) {
+    /// requests in flight, how many of them were still waiting for a
+    /// connection to the app (answered 503, `rejected`, not abandoned), and
+    /// the streams open.
+    pub fn abandon(&self) -> (u64, u64, usize) {
         self.shared.killing.store(true, SeqCst);
         // A connect under way will not be accepted by an app about to be
         // killed: its request, which never reached the app, is answered 503.
+        // Both read before the halt: a halted request leaves `in_flight` at
+        // once (`rejected`), on the proxy thread.
+        let connecting = self.shared.clients.connecting();
+        let in_flight = self.shared.ledger.in_flight();
         self.shared.clients.halt();
         // The 502s go out now and their clients reconnect: [`Proxy::stop`]
         // keeps accepting (503) until [`STOP_QUIET`] has passed since.
         self.shared.stir();
         self.shared.ledger.cut_all();
-        (self.shared.ledger.in_flight(), self.shared.streams.open())
+        (
+            in_flight,
+            connecting.min(in_flight),
+            self.shared.streams.open(),
+        )
     }
 }
 
@@ -591,6 +601,11 @@ impl Clients {
             h1: upstream::Pool::new(app, UPSTREAM_IDLE),
             h2: upstream::Multiplexed::new(app, UPSTREAM_IDLE),
         }
+    }
+
+    /// Requests waiting for a connection to the app now.
+    fn connecting(&self) -> u64 {
+        self.h1.connecting() + self.h2.connecting()
     }
 
     /// Ends every connect to the app under way (and any begun later): its

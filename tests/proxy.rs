@@ -1020,6 +1020,12 @@ fn a_request_still_connecting_at_the_deadline_gets_a_503_and_counts_rejected() {
     ledger(&rep);
     assert_eq!(counts(&rep)[..8], [1, 1, 0, 0, 0, 0, 0, 0], "{rep}");
     assert_eq!(num(&rep["requests"], "in_flight_at_start"), 1, "{rep}");
+    let err = r.stderr_text();
+    assert!(
+        err.contains("SIGKILL: 1 request(s) still waiting for the app to accept")
+            && !err.contains("request(s) still in flight and"),
+        "{err}"
+    );
 }
 
 #[test]

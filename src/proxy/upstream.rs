@@ -127,6 +127,25 @@ pub struct Pool {
     closed: AtomicBool,
     /// Set by [`Pool::halt`]: connects under way end, none is begun.
     halted: watch::Sender<bool>,
+    /// Connects under way ([`Pool::connecting`]).
+    connecting: AtomicU64,
+}
+
+/// Counts one wait for a connection to the app in the counter it holds, until
+/// dropped.
+struct Connecting<'a>(&'a AtomicU64);
+
+impl<'a> Connecting<'a> {
+    fn new(n: &'a AtomicU64) -> Connecting<'a> {
+        n.fetch_add(1, SeqCst);
+        Connecting(n)
+    }
+}
+
+impl Drop for Connecting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
 }
 
 /// One connection to the app: hyper's handle on it, and the bytes read from
@@ -192,7 +211,16 @@ impl Pool {
             resent: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             halted: watch::Sender::new(false),
+            connecting: AtomicU64::new(0),
         }
+    }
+
+    /// Requests waiting now for a new connection to the app (for the log
+    /// line at the deadline: [`Pool::halt`] answers them 503, `rejected`; one
+    /// sent once more after a first attempt that may have reached the app is
+    /// `abandoned` instead).
+    pub fn connecting(&self) -> u64 {
+        self.connecting.load(SeqCst)
     }
 
     /// Ends the connects under way, and any begun from now on, with
@@ -284,7 +312,10 @@ impl Pool {
     pub async fn connect(&self) -> Result<Conn, SendError> {
         let addr = self.addr;
         let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        let tcp = connect_tcp(addr, by, &self.halted).await?;
+        let tcp = {
+            let _connecting = Connecting::new(&self.connecting);
+            connect_tcp(addr, by, &self.halted).await?
+        };
         let read = Arc::new(AtomicU64::new(0));
         let io = Counted {
             tcp,
@@ -654,6 +685,8 @@ pub struct Multiplexed {
     closed: AtomicBool,
     /// Set by [`Multiplexed::halt`], as [`Pool::halt`].
     halted: watch::Sender<bool>,
+    /// Requests waiting for the connection ([`Multiplexed::connecting`]).
+    connecting: AtomicU64,
 }
 
 impl Multiplexed {
@@ -666,7 +699,14 @@ impl Multiplexed {
             conn: tokio::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
             halted: watch::Sender::new(false),
+            connecting: AtomicU64::new(0),
         }
+    }
+
+    /// Requests waiting now for a connection to the app (the one being opened,
+    /// or their own), as [`Pool::connecting`].
+    pub fn connecting(&self) -> u64 {
+        self.connecting.load(SeqCst)
     }
 
     /// As [`Pool::halt`]: the connect under way ends, and so does the wait of
@@ -685,6 +725,7 @@ impl Multiplexed {
     /// requests queued behind a connect to an app that does not accept end
     /// with it, not each [`CONNECT_TIMEOUT`] after the one before.
     async fn sender(&self) -> Result<H2Sender, SendError> {
+        let _connecting = Connecting::new(&self.connecting);
         let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let addr = self.addr;
         let mut conn = tokio::time::timeout_at(by, self.conn.lock())
