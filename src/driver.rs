@@ -729,10 +729,16 @@ impl Driver {
             }
             Action::AbandonRequests => {
                 if let Some(p) = &self.proxy {
-                    let (n, streams) = p.abandon();
+                    let (n, connecting, streams) = p.abandon();
+                    let n = n - connecting;
                     if n > 0 || streams > 0 {
                         log::warn!(
                             "SIGKILL: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
+                        );
+                    }
+                    if connecting > 0 {
+                        log::warn!(
+                            "SIGKILL: {connecting} request(s) still waiting for the app to accept their connection get drainit's 503 (rejected: they never reached it)"
                         );
                     }
                 }

@@ -491,6 +491,10 @@ impl Proxy {
         // After drainit's SIGKILL (the deadline, a second signal) likewise:
         // the abandoned requests' 502s (with `Connection: close`) are still
         // being written, and their clients reconnect at once to retry.
+        // A request still waiting for the app to accept its connection never
+        // reached it: it gets its 503 now (`rejected`, counted in `rejecting`
+        // until it went out), not a connection cut without an answer.
+        self.shared.clients.halt();
         let ledger = &self.shared.ledger;
         let lingering = self.shared.gate() >= Gate::Forwarded || self.shared.killing.load(SeqCst);
         let until = Instant::now() + STOP_SETTLE;
@@ -513,14 +517,27 @@ impl Proxy {
     /// Cuts what is in flight now (`abandoned`): drainit is about to SIGKILL
     /// the app (the deadline, or a second signal in beat 3). The
     /// connections are closed by [`Proxy::stop`] at the exit. Returns the
-    /// requests in flight and the streams open.
-    pub fn abandon(&self) -> (u64, usize) {
+    /// requests in flight, how many of them were still waiting for a
+    /// connection to the app (answered 503, `rejected`, not abandoned), and
+    /// the streams open.
+    pub fn abandon(&self) -> (u64, u64, usize) {
         self.shared.killing.store(true, SeqCst);
+        // A connect under way will not be accepted by an app about to be
+        // killed: its request, which never reached the app, is answered 503.
+        // Both read before the halt: a halted request leaves `in_flight` at
+        // once (`rejected`), on the proxy thread.
+        let connecting = self.shared.clients.connecting();
+        let in_flight = self.shared.ledger.in_flight();
+        self.shared.clients.halt();
         // The 502s go out now and their clients reconnect: [`Proxy::stop`]
         // keeps accepting (503) until [`STOP_QUIET`] has passed since.
         self.shared.stir();
         self.shared.ledger.cut_all();
-        (self.shared.ledger.in_flight(), self.shared.streams.open())
+        (
+            in_flight,
+            connecting.min(in_flight),
+            self.shared.streams.open(),
+        )
     }
 }
 
@@ -584,6 +601,18 @@ impl Clients {
             h1: upstream::Pool::new(app, UPSTREAM_IDLE),
             h2: upstream::Multiplexed::new(app, UPSTREAM_IDLE),
         }
+    }
+
+    /// Requests waiting for a connection to the app now.
+    fn connecting(&self) -> u64 {
+        self.h1.connecting() + self.h2.connecting()
+    }
+
+    /// Ends every connect to the app under way (and any begun later): its
+    /// request never reached the app and gets drainit's 503 (`rejected`).
+    fn halt(&self) {
+        self.h1.halt();
+        self.h2.halt();
     }
 }
 
@@ -1473,17 +1502,26 @@ async fn handle(
     let (mut resp, lease) = match sent {
         Ok(r) => r,
         Err(e) if !e.reached_app => {
-            // It never reached the app: safe to retry.
+            // It never reached the app: safe to retry. Counted in
+            // `rejecting` before it leaves `in_flight`: drainit's exit waits
+            // for the 503 to go out (a connect halted at the exit).
+            let rejecting = Rejecting::new(shared);
             admitted.refused();
             drop(admitted);
             shared.settled();
-            log::debug!("proxy: upstream {} not reached: {}", shared.upstream, e.message);
-            let why = if e.timed_out {
-                "upstream timeout"
-            } else {
-                "upstream refused"
+            log::debug!(
+                "proxy: upstream {} not reached: {}",
+                shared.upstream,
+                e.message
+            );
+            let why = match e.connect {
+                upstream::ConnectFailed::TimedOut => "upstream timeout",
+                upstream::ConnectFailed::Halted => "draining",
+                upstream::ConnectFailed::Refused => "upstream refused",
             };
-            return unavailable(why, shared.gate(), version);
+            let mut r = unavailable(why, shared.gate(), version);
+            r.body_mut().rejecting = Some(rejecting);
+            return r;
         }
         Err(e)
             if body_fate

@@ -890,13 +890,7 @@ fn an_upstream_that_refuses_gets_a_retryable_503() {
 /// `connection_timeout`), counted `rejected`.
 #[test]
 fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
-    use std::os::fd::AsRawFd;
-    let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    // A backlog of 0: one connection waiting to be accepted fills the queue.
-    // SAFETY: listen(2) again on our own listening socket changes its backlog.
-    assert_eq!(unsafe { libc::listen(app.as_raw_fd(), 0) }, 0);
-    let app_port = app.local_addr().unwrap().port();
-    let _filler = TcpStream::connect(("127.0.0.1", app_port)).unwrap();
+    let (app, _filler, app_port) = full_listener();
     let [port, probe] = free_ports();
     let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
     let probe_addr = format!("127.0.0.1:{probe}");
@@ -929,9 +923,12 @@ fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
     // Accepted late: waited for.
     let sent = Instant::now();
     let client = std::thread::spawn(move || get(port, "/slow-accept"));
-    // The app accepts after 2.5 s: past the old bound, before the kernel's
-    // third SYN (3 s) and well inside the new bound.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The app accepts after 1.5 s: the second SYN (1 s) was dropped, the
+    // third (3 s) gets through, past the old bound of 2 s and inside the new
+    // one. 1.5 s, not 2.5: a test thread that oversleeps by half a second on
+    // a loaded machine would have missed the third SYN and made the connect a
+    // 503 at 5 s.
+    std::thread::sleep(Duration::from_millis(1500));
     let server = std::thread::spawn(move || {
         for _ in 0..2 {
             let (mut c, _) = app.accept().unwrap();
@@ -964,6 +961,71 @@ fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
     let rep = r.report();
     ledger(&rep);
     assert_eq!(counts(&rep)[..4], [2, 1, 1, 1], "{rep}");
+}
+
+/// A request still connecting to the app when the drain deadline comes (the
+/// app's accept queue full: the connect bound, 5 s, is longer than the drain
+/// timeout) never reached the app: its client gets drainit's retryable 503 at
+/// the deadline, and it counts `rejected`, not `abandoned` and lost; drainit
+/// does not wait for the connect to exit. Before, its connection was cut at
+/// drainit's exit without a response (curl: "Empty reply from server") and it
+/// was counted `abandoned`.
+#[test]
+fn a_request_still_connecting_at_the_deadline_gets_a_503_and_counts_rejected() {
+    let (_app, _filler, app_port) = full_listener();
+    let [port, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--pre-drain-delay",
+        "0s",
+        "--drain-timeout",
+        "2s",
+        "--",
+        "sleep",
+        "60",
+    ];
+    let mut r = Running::start(Mode::Subreaper, &args);
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "{}",
+        r.stderr_text()
+    );
+    let client = std::thread::spawn(move || Conn::open(port).get("/connecting", &[]));
+    // The request is admitted and connecting (its SYN dropped) when the drain
+    // starts: the forward waits for it, and the deadline comes first.
+    assert!(
+        wait_until(secs(10), || http(probe, "/metrics", "GET")
+            .2
+            .contains("drainit_proxy_requests_in_flight 1")),
+        "{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, ms) = r.wait(secs(15));
+    let resp = client.join().unwrap();
+    let resp = resp.unwrap_or_else(|e| panic!("no response: {e}{}", r.stderr_text()));
+    assert_eq!(resp.status, 503, "{resp:?}");
+    assert_eq!(resp.header("retry-after"), Some("1"), "{resp:?}");
+    let ps = resp.header("proxy-status").unwrap_or_default();
+    assert!(ps.contains("error=destination_unavailable"), "{ps}");
+    assert_eq!(code, 2, "{}", r.stderr_text());
+    // The deadline (2 s), not the connect bound (5 s), ends it.
+    assert!(ms < 4500, "drainit exited {ms} ms after SIGTERM");
+    let rep = r.report();
+    ledger(&rep);
+    assert_eq!(counts(&rep)[..8], [1, 1, 0, 0, 0, 0, 0, 0], "{rep}");
+    assert_eq!(num(&rep["requests"], "in_flight_at_start"), 1, "{rep}");
+    let err = r.stderr_text();
+    assert!(
+        err.contains("SIGKILL: 1 request(s) still waiting for the app to accept")
+            && !err.contains("request(s) still in flight and"),
+        "{err}"
+    );
 }
 
 #[test]

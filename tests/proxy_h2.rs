@@ -445,3 +445,62 @@ fn a_client_that_cancels_its_streams_as_it_opens_them_is_disconnected() {
     assert!(app_got as i64 <= received, "app got {app_got}: {q}");
     assert_eq!(code, 0, "{q}");
 }
+
+/// HTTP/2 requests share one connection to the app, and wait for it while one
+/// of them opens it. When the app does not accept (its accept queue full),
+/// each request still waits at most the connect bound (5 s) from when it asked,
+/// then gets the retryable 503 `connection_timeout`: three at once end
+/// together, at 5 s. Before, each waited for the one before it to time out and
+/// then connected on its own: 5, 10 and 15 s.
+#[test]
+fn concurrent_requests_to_an_app_that_does_not_accept_wait_the_connect_bound_once() {
+    let (_app, _filler, app_port) = full_listener();
+    let [port, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let args = [
+        "--probe-addr",
+        &probe_addr,
+        "--proxy",
+        &proxy,
+        "--",
+        "sleep",
+        "60",
+    ];
+    let mut r = Running::start(Mode::Subreaper, &args);
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "{}",
+        r.stderr_text()
+    );
+    let sent = std::time::Instant::now();
+    let o = Command::new("timeout")
+        .args(["30", "nghttp", "-v"])
+        .args(["/a", "/b", "/c"].map(|p| format!("http://127.0.0.1:{port}{p}")))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running nghttp");
+    let took = sent.elapsed();
+    let out = out_of(&o);
+    let fields = recv_fields(&out);
+    let statuses: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == ":status")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(statuses, ["503"; 3], "{out}");
+    let timeouts = fields
+        .iter()
+        .filter(|(k, v)| k == "proxy-status" && v.contains("error=connection_timeout"))
+        .count();
+    assert_eq!(timeouts, 3, "{out}");
+    assert!(
+        took < secs(9),
+        "{took:?}: the three waited one after another\n{out}"
+    );
+    r.signal(libc::SIGTERM);
+    r.wait(secs(10));
+    let rep = r.report();
+    ledger(&rep);
+    assert_eq!(counts(&rep)[..3], [3, 3, 0], "{rep}");
+}

@@ -45,7 +45,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::ProxyBody;
 
@@ -58,16 +58,29 @@ use super::ProxyBody;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request did not get the app's response. `reached_app` false: it never
-/// got to the app (refused, connect timeout), so it is safe to retry.
+/// got to the app (refused, connect timeout, halted), so it is safe to retry.
 #[derive(Debug)]
 pub struct SendError {
     /// The request may have reached the app.
     pub reached_app: bool,
     /// What failed, for the log.
     pub message: String,
-    /// The connection was not established within [`CONNECT_TIMEOUT`] (the
-    /// app's accept queue full, or nothing answering), not refused.
-    pub timed_out: bool,
+    /// How the connection to the app failed, when that is what failed
+    /// (`Refused` otherwise).
+    pub connect: ConnectFailed,
+}
+
+/// How a connection to the app was not established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectFailed {
+    /// Refused, reset, or the handshake failed (or not a connect failure).
+    Refused,
+    /// Not established within [`CONNECT_TIMEOUT`] of the request asking for
+    /// it (the app's accept queue full, or nothing answering).
+    TimedOut,
+    /// Still connecting when drainit stopped connecting ([`Pool::halt`],
+    /// [`Multiplexed::halt`]: the app is being SIGKILLed, or drainit exits).
+    Halted,
 }
 
 impl SendError {
@@ -75,7 +88,7 @@ impl SendError {
         SendError {
             reached_app: false,
             message,
-            timed_out: false,
+            connect: ConnectFailed::Refused,
         }
     }
 
@@ -84,7 +97,18 @@ impl SendError {
         SendError {
             reached_app: true,
             message,
-            timed_out: false,
+            connect: ConnectFailed::Refused,
+        }
+    }
+
+    /// No connection to `addr` within [`CONNECT_TIMEOUT`].
+    fn timed_out(addr: SocketAddr) -> SendError {
+        SendError {
+            connect: ConnectFailed::TimedOut,
+            ..SendError::unreached(format!(
+                "connect to {addr}: no answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
         }
     }
 }
@@ -101,6 +125,27 @@ pub struct Pool {
     resent: AtomicU64,
     /// Set by [`Pool::close_idle`]: connections are no longer kept.
     closed: AtomicBool,
+    /// Set by [`Pool::halt`]: connects under way end, none is begun.
+    halted: watch::Sender<bool>,
+    /// Connects under way ([`Pool::connecting`]).
+    connecting: AtomicU64,
+}
+
+/// Counts one wait for a connection to the app in the counter it holds, until
+/// dropped.
+struct Connecting<'a>(&'a AtomicU64);
+
+impl<'a> Connecting<'a> {
+    fn new(n: &'a AtomicU64) -> Connecting<'a> {
+        n.fetch_add(1, SeqCst);
+        Connecting(n)
+    }
+}
+
+impl Drop for Connecting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
 }
 
 /// One connection to the app: hyper's handle on it, and the bytes read from
@@ -165,7 +210,26 @@ impl Pool {
             filled: Notify::new(),
             resent: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            halted: watch::Sender::new(false),
+            connecting: AtomicU64::new(0),
         }
+    }
+
+    /// Requests waiting now for a new connection to the app (for the log
+    /// line at the deadline: [`Pool::halt`] answers them 503, `rejected`; one
+    /// sent once more after a first attempt that may have reached the app is
+    /// `abandoned` instead).
+    pub fn connecting(&self) -> u64 {
+        self.connecting.load(SeqCst)
+    }
+
+    /// Ends the connects under way, and any begun from now on, with
+    /// [`ConnectFailed::Halted`] (never reached the app): drainit is about to
+    /// SIGKILL the app (the deadline, a second signal) or exits, and a request
+    /// still waiting for the app to accept its connection is answered now,
+    /// not cut without an answer at the exit.
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
     }
 
     /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or on a
@@ -247,7 +311,11 @@ impl Pool {
     /// The connect failed or took longer than [`CONNECT_TIMEOUT`].
     pub async fn connect(&self) -> Result<Conn, SendError> {
         let addr = self.addr;
-        let tcp = connect_tcp(addr).await?;
+        let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let tcp = {
+            let _connecting = Connecting::new(&self.connecting);
+            connect_tcp(addr, by, &self.halted).await?
+        };
         let read = Arc::new(AtomicU64::new(0));
         let io = Counted {
             tcp,
@@ -564,21 +632,32 @@ fn reset_unread(e: &hyper::Error) -> bool {
         .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
 }
 
-/// A TCP connection to the app (`TCP_NODELAY`), within [`CONNECT_TIMEOUT`].
+/// A TCP connection to the app (`TCP_NODELAY`), established by `by` (the
+/// request's [`CONNECT_TIMEOUT`]), unless `halted` is or becomes true first.
 ///
 /// # Errors
-/// Refused, or no answer in time: [`SendError`] with `reached_app` false.
-async fn connect_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, SendError> {
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| SendError {
-            timed_out: true,
-            ..SendError::unreached(format!(
-                "connect to {addr}: no answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?;
+/// Refused, no answer in time, or halted: [`SendError`] with `reached_app`
+/// false and [`SendError::connect`] saying which.
+async fn connect_tcp(
+    addr: SocketAddr,
+    by: tokio::time::Instant,
+    halted: &watch::Sender<bool>,
+) -> Result<tokio::net::TcpStream, SendError> {
+    let mut halt = halted.subscribe();
+    let tcp = tokio::select! {
+        biased;
+        Ok(_) = halt.wait_for(|h| *h) => {
+            return Err(SendError {
+                connect: ConnectFailed::Halted,
+                ..SendError::unreached(format!(
+                    "connect to {addr}: not established when drainit stopped the app"
+                ))
+            });
+        }
+        r = tokio::time::timeout_at(by, tokio::net::TcpStream::connect(addr)) => r
+            .map_err(|_| SendError::timed_out(addr))?
+            .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?,
+    };
     let _ = tcp.set_nodelay(true);
     Ok(tcp)
 }
@@ -604,6 +683,10 @@ pub struct Multiplexed {
     /// Set by [`Multiplexed::close_idle`] (beat 3): the connection is no longer
     /// kept for later requests, as [`Pool`] keeps none.
     closed: AtomicBool,
+    /// Set by [`Multiplexed::halt`], as [`Pool::halt`].
+    halted: watch::Sender<bool>,
+    /// Requests waiting for the connection ([`Multiplexed::connecting`]).
+    connecting: AtomicU64,
 }
 
 impl Multiplexed {
@@ -615,15 +698,39 @@ impl Multiplexed {
             idle_for,
             conn: tokio::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
+            halted: watch::Sender::new(false),
+            connecting: AtomicU64::new(0),
         }
+    }
+
+    /// Requests waiting now for a connection to the app (the one being opened,
+    /// or their own), as [`Pool::connecting`].
+    pub fn connecting(&self) -> u64 {
+        self.connecting.load(SeqCst)
+    }
+
+    /// As [`Pool::halt`]: the connect under way ends, and so does the wait of
+    /// the requests queued behind it.
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
     }
 
     /// The open connection, or a new one. A connection given up here closes
     /// once its streams have ended (hyper's, when no sender is left). From
     /// beat 3 none is kept: a request admitted before it and sent after gets
     /// the kept one (taken out) or one of its own.
+    ///
+    /// A request waits at most [`CONNECT_TIMEOUT`] in all, the time it waits
+    /// for another request's connect (which holds the lock) included: the
+    /// requests queued behind a connect to an app that does not accept end
+    /// with it, not each [`CONNECT_TIMEOUT`] after the one before.
     async fn sender(&self) -> Result<H2Sender, SendError> {
-        let mut conn = self.conn.lock().await;
+        let _connecting = Connecting::new(&self.connecting);
+        let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let addr = self.addr;
+        let mut conn = tokio::time::timeout_at(by, self.conn.lock())
+            .await
+            .map_err(|_| SendError::timed_out(addr))?;
         let closed = self.closed.load(SeqCst);
         if let Some((s, last)) = conn.as_mut()
             && !s.is_closed()
@@ -637,8 +744,7 @@ impl Multiplexed {
             return Ok(s);
         }
         *conn = None;
-        let addr = self.addr;
-        let tcp = connect_tcp(addr).await?;
+        let tcp = connect_tcp(addr, by, &self.halted).await?;
         let (send, connection) =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -658,7 +764,9 @@ impl Multiplexed {
                 log::debug!("proxy: HTTP/2 upstream connection ended: {e}");
             }
         });
-        if !closed {
+        // Read again: beat 3 may have come during the connect (up to
+        // CONNECT_TIMEOUT), when `close_idle` could not take the lock.
+        if !self.closed.load(SeqCst) {
             *conn = Some((send.clone(), Instant::now()));
         }
         Ok(send)
@@ -691,7 +799,7 @@ impl Multiplexed {
                         return Err(SendError {
                             reached_app: unsent.is_none(),
                             message: e.into_error().to_string(),
-                            timed_out: false,
+                            connect: ConnectFailed::Refused,
                         });
                     }
                 },
@@ -701,8 +809,8 @@ impl Multiplexed {
 
     /// At beat 3: the connection is let go (it closes once its streams
     /// have ended: no new request will need it), and none is kept after. When
-    /// a connect holds the lock now, the next [`Multiplexed::sender`] lets it
-    /// go instead.
+    /// a connect holds the lock now, [`Multiplexed::sender`] reads `closed`
+    /// again once connected and does not keep the connection it opened.
     pub fn close_idle(&self) {
         self.closed.store(true, SeqCst);
         if let Ok(mut conn) = self.conn.try_lock() {
@@ -1128,6 +1236,48 @@ mod tests {
             assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), n);
         }
         assert!(up.conn.lock().await.is_none());
+    }
+
+    /// Beat 3 while the HTTP/2 connection is being opened (the app slow to
+    /// accept: its accept queue full, the SYN sent again after 1 s): the
+    /// connection serves the request that opened it and is not kept. Kept, it
+    /// stayed open to the app until drainit's exit, and an app that waits for
+    /// its connections to close before exiting waited for the deadline.
+    #[tokio::test]
+    async fn beat_3_during_the_http2_connect_keeps_no_connection() {
+        use nix::sys::socket::{Backlog, listen};
+        let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // listen(2) again on the listening socket: a backlog of 0.
+        listen(&std_l, Backlog::new(0).unwrap()).unwrap();
+        let addr = std_l.local_addr().unwrap();
+        let filler = std::net::TcpStream::connect(addr).unwrap();
+        std_l.set_nonblocking(true).unwrap();
+        let l = tokio::net::TcpListener::from_std(std_l).unwrap();
+        let up: &'static Multiplexed =
+            Box::leak(Box::new(Multiplexed::new(addr, Duration::from_secs(30))));
+        let sent = tokio::spawn(async move { up.send(h2_get("a.example")).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        up.close_idle();
+        // The app accepts: the filler, then drainit's connection.
+        drop(filler);
+        drop(l.accept().await.unwrap());
+        let (tcp, _) = l.accept().await.unwrap();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|_req: Request<Incoming>| async move {
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"ok"),
+                )))
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+        let resp = sent.await.unwrap().unwrap();
+        assert_eq!(body(resp).await, b"ok");
+        assert!(
+            up.conn.lock().await.is_none(),
+            "a connection is kept after beat 3"
+        );
     }
 
     /// No app listening: the request never reached it (a `rejected` 503).

@@ -748,3 +748,18 @@ impl ProxyPorts {
         r
     }
 }
+
+/// An app's listening socket whose accept queue is full and stays full until
+/// the test accepts: a backlog of 0 (one connection waiting fills it) and one
+/// connection made to it, returned to keep. Linux drops the SYNs of further
+/// connects, which are sent again 1 s, 3 s, 7 s... after the first, as to an
+/// app too busy to accept.
+pub fn full_listener() -> (std::net::TcpListener, std::net::TcpStream, u16) {
+    use std::os::fd::AsRawFd;
+    let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: listen(2) again on our own listening socket changes its backlog.
+    assert_eq!(unsafe { libc::listen(app.as_raw_fd(), 0) }, 0);
+    let port = app.local_addr().unwrap().port();
+    let filler = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    (app, filler, port)
+}
