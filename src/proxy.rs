@@ -1477,7 +1477,11 @@ async fn handle(
             admitted.refused();
             drop(admitted);
             shared.settled();
-            log::debug!("proxy: upstream {} not reached: {}", shared.upstream, e.message);
+            log::debug!(
+                "proxy: upstream {} not reached: {}",
+                shared.upstream,
+                e.message
+            );
             let why = if e.timed_out {
                 "upstream timeout"
             } else {
