@@ -118,7 +118,7 @@ pub struct Cli {
     /// Timeout of each teardown step [default: 5s]
     #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
     pub teardown_timeout: Option<String>,
-    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (both IP:PORT), and keep a request ledger (DESIGN §11)
+    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (each IP:PORT, an IPv6 address in brackets, or localhost:PORT), and keep a request ledger
     #[arg(long, env = "DRAINIT_PROXY", value_name = "LISTEN=UPSTREAM")]
     pub proxy: Option<String>,
     /// With --proxy: at beat 3, close open WebSockets and event streams evenly over DUR (0: all at once) [default: half the drain timeout]
