@@ -49,9 +49,9 @@ Every flag is also read from DRAINIT_<FLAG> (e.g. DRAINIT_PRE_DRAIN_DELAY=3s);
 repeatable flags take a comma-separated list there. PRE_DRAIN_DELAY_MS and
 DRAIN_TIMEOUT_MS are accepted as plain milliseconds.
 
-Exit codes: 0 drained, 2 abandoned or teardown failed, N the child's own code
-(128+S for a signal), 126 cannot execute, 127 not found, 64 usage, 78 configuration,
-1 internal error.";
+Exit codes: 0 drained, 2 work abandoned or left unkillable, teardown failed, or a
+request lost (--proxy), N the child's own code (128+S for a signal), 126 cannot
+execute, 127 not found, 64 usage, 78 configuration, 1 internal error.";
 
 /// The raw command line. Values stay strings here; [`load_from`] validates them.
 #[derive(Parser, Debug)]
@@ -118,7 +118,7 @@ pub struct Cli {
     /// Timeout of each teardown step [default: 5s]
     #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
     pub teardown_timeout: Option<String>,
-    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (both IP:PORT), and keep a request ledger (DESIGN §11)
+    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (each IP:PORT, an IPv6 address in brackets, or localhost:PORT), and keep a request ledger
     #[arg(long, env = "DRAINIT_PROXY", value_name = "LISTEN=UPSTREAM")]
     pub proxy: Option<String>,
     /// With --proxy: at beat 3, close open WebSockets and event streams evenly over DUR (0: all at once) [default: half the drain timeout]
@@ -160,10 +160,12 @@ pub struct Cli {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProbeAddr {
     Off,
-    /// `explicit`: given by the user (a bind failure is then fatal, exit 78).
+    /// `given_by`: where the user gave it (`--probe-addr`, `DRAINIT_PROBE_ADDR`, or
+    /// the file's `PATH:LINE:COLUMN`), for the message of a bind failure, which is
+    /// then fatal (exit 78); `None` for the default address (a failure is a warning).
     Listen {
         addr: SocketAddr,
-        explicit: bool,
+        given_by: Option<String>,
     },
 }
 
@@ -309,6 +311,23 @@ impl Origin<'_> {
                 code: exit::INTERNAL,
                 message: format!("built-in default is invalid: {msg}"),
             },
+        }
+    }
+
+    /// The flag (`--probe-addr`), the variable (`DRAINIT_PROBE_ADDR`) or the file's
+    /// `PATH:LINE:COLUMN` the value came from, for a message about it after
+    /// validation; `None` for the default.
+    fn given_by(&self) -> Option<String> {
+        match self {
+            Origin::Flag(f) => Some(format!("--{f}")),
+            Origin::Env(v) => Some(v.clone()),
+            Origin::File {
+                path, text, span, ..
+            } => {
+                let (line, col) = line_col(text, span.start);
+                Some(format!("{path}:{line}:{col}"))
+            }
+            Origin::Default => None,
         }
     }
 
@@ -1525,7 +1544,7 @@ mod tests {
             c.probe_addr,
             ProbeAddr::Listen {
                 addr: "0.0.0.0:8079".parse().unwrap(),
-                explicit: false
+                given_by: None
             }
         );
         assert_eq!(c.forward_to, ForwardTo::Child);

@@ -411,11 +411,12 @@ fn asks_probe(args: &[OsString]) -> bool {
 fn bind_probe(probe_addr: &ProbeAddr) -> Result<Option<std::net::TcpListener>, i32> {
     match probe_addr {
         ProbeAddr::Off => Ok(None),
-        ProbeAddr::Listen { addr, explicit } => match probe::bind(*addr) {
+        ProbeAddr::Listen { addr, given_by } => match probe::bind(*addr) {
             Ok(l) => Ok(Some(l)),
-            Err(e) if *explicit => {
+            Err(e) if given_by.is_some() => {
                 log::error!(
-                    "binding the probe address {addr} (--probe-addr) failed: {}",
+                    "binding the probe address {addr} ({}) failed: {}",
+                    given_by.as_deref().unwrap_or_default(),
                     io_word_or_text(&e)
                 );
                 Err(exit::CONFIG)

@@ -8,7 +8,8 @@
 //!   a directory, a 2 MiB file;
 //! - a NUL byte in `report_file`, a teardown command or an exec check (it could
 //!   not reach the kernel, and used to fail only at exit);
-//! - a probe address explicitly given and taken: the message names `--probe-addr`;
+//! - a probe address explicitly given and taken: the message names where it was
+//!   given (`--probe-addr`, `DRAINIT_PROBE_ADDR`, the file's line);
 //!   one with port 0 (a port nobody is told);
 //! - a zero timeout for checks or teardown steps (flag, variable, file key).
 #![allow(clippy::disallowed_methods)]
@@ -182,6 +183,33 @@ fn nul_bytes_in_the_file_are_refused_at_start() {
             "the message carries the NUL itself"
         );
     }
+}
+
+/// Given in the environment or the file, a taken probe address names the variable
+/// or the file's line and column, not a flag the user never typed.
+#[test]
+fn a_taken_probe_address_names_the_variable_or_the_file() {
+    let tmp = TmpDir::new("probeaddr-env");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let o = run(&tmp, &[], &[("DRAINIT_PROBE_ADDR", addr.as_bytes())]);
+    assert_eq!(o.code, 78, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains(&format!("{addr} (DRAINIT_PROBE_ADDR) failed")),
+        "{}",
+        o.stderr
+    );
+    let file = tmp.join("drainit.toml");
+    std::fs::write(&file, format!("\nprobe_addr = \"{addr}\"\n")).unwrap();
+    let o = run(&tmp, &["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(o.code, 78, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains(&format!("{addr} ({}:2:14) failed", file.display())),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

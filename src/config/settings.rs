@@ -133,7 +133,7 @@ pub(super) static SETTINGS: [Setting; 21] = [
                 // Given by the user: a bind failure is then fatal (78).
                 Some(addr) => ProbeAddr::Listen {
                     addr,
-                    explicit: !g.is_default(),
+                    given_by: g.whole.given_by(),
                 },
             };
             Ok(())
