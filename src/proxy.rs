@@ -605,14 +605,14 @@ impl Clients {
 
     /// Requests waiting for a connection to the app now.
     fn connecting(&self) -> u64 {
-        self.h1.connecting() + self.h2.connecting()
+        self.h1.connects.waiting() + self.h2.connects.waiting()
     }
 
     /// Ends every connect to the app under way (and any begun later): its
     /// request never reached the app and gets drainit's 503 (`rejected`).
     fn halt(&self) {
-        self.h1.halt();
-        self.h2.halt();
+        self.h1.connects.halt();
+        self.h2.connects.halt();
     }
 }
 

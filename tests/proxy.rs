@@ -891,26 +891,7 @@ fn an_upstream_that_refuses_gets_a_retryable_503() {
 #[test]
 fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
     let (app, _filler, app_port) = full_listener();
-    let [port, probe] = free_ports();
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--pre-drain-delay",
-        "0s",
-        "--",
-        "sleep",
-        "60",
-    ];
-    let mut r = Running::start(Mode::Subreaper, &args);
-    assert!(
-        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
-        "{}",
-        r.stderr_text()
-    );
+    let (mut r, port, _probe) = proxy_to(app_port, &["--pre-drain-delay", "0s"]);
     // Nothing accepted: the connect bound ends it.
     let sent = Instant::now();
     let resp = get(port, "/never-accepted");
@@ -973,27 +954,9 @@ fn a_connection_the_app_is_slow_to_accept_is_waited_for_not_a_503() {
 #[test]
 fn a_request_still_connecting_at_the_deadline_gets_a_503_and_counts_rejected() {
     let (_app, _filler, app_port) = full_listener();
-    let [port, probe] = free_ports();
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--pre-drain-delay",
-        "0s",
-        "--drain-timeout",
-        "2s",
-        "--",
-        "sleep",
-        "60",
-    ];
-    let mut r = Running::start(Mode::Subreaper, &args);
-    assert!(
-        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
-        "{}",
-        r.stderr_text()
+    let (mut r, port, probe) = proxy_to(
+        app_port,
+        &["--pre-drain-delay", "0s", "--drain-timeout", "2s"],
     );
     let client = std::thread::spawn(move || Conn::open(port).get("/connecting", &[]));
     // The request is admitted and connecting (its SYN dropped) when the drain

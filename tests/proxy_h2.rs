@@ -455,24 +455,7 @@ fn a_client_that_cancels_its_streams_as_it_opens_them_is_disconnected() {
 #[test]
 fn concurrent_requests_to_an_app_that_does_not_accept_wait_the_connect_bound_once() {
     let (_app, _filler, app_port) = full_listener();
-    let [port, probe] = free_ports();
-    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
-    let probe_addr = format!("127.0.0.1:{probe}");
-    let args = [
-        "--probe-addr",
-        &probe_addr,
-        "--proxy",
-        &proxy,
-        "--",
-        "sleep",
-        "60",
-    ];
-    let mut r = Running::start(Mode::Subreaper, &args);
-    assert!(
-        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
-        "{}",
-        r.stderr_text()
-    );
+    let (mut r, port, _probe) = proxy_to(app_port, &[]);
     let sent = std::time::Instant::now();
     let o = Command::new("timeout")
         .args(["30", "nghttp", "-v"])

@@ -78,8 +78,8 @@ pub enum ConnectFailed {
     /// Not established within [`CONNECT_TIMEOUT`] of the request asking for
     /// it (the app's accept queue full, or nothing answering).
     TimedOut,
-    /// Still connecting when drainit stopped connecting ([`Pool::halt`],
-    /// [`Multiplexed::halt`]: the app is being SIGKILLed, or drainit exits).
+    /// Still connecting when drainit stopped connecting ([`Connects::halt`]:
+    /// the app is being SIGKILLed, or drainit exits).
     Halted,
 }
 
@@ -125,10 +125,60 @@ pub struct Pool {
     resent: AtomicU64,
     /// Set by [`Pool::close_idle`]: connections are no longer kept.
     closed: AtomicBool,
-    /// Set by [`Pool::halt`]: connects under way end, none is begun.
+    /// Its connects to the app under way, and the switch that ends them.
+    pub connects: Connects,
+}
+
+/// The connects to the app under way for one client ([`Pool`] or
+/// [`Multiplexed`]), and the switch that ends them.
+pub struct Connects {
+    /// Set by [`Connects::halt`]: connects under way end, none is begun.
     halted: watch::Sender<bool>,
-    /// Connects under way ([`Pool::connecting`]).
-    connecting: AtomicU64,
+    /// Requests waiting for a connection ([`Connects::waiting`]).
+    waiting: AtomicU64,
+}
+
+impl Connects {
+    fn new() -> Connects {
+        Connects {
+            halted: watch::Sender::new(false),
+            waiting: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests waiting now for a connection to the app: their own, or for
+    /// HTTP/2 the shared one another request is opening (for the log line at
+    /// the deadline: [`Connects::halt`] answers them 503, `rejected`; one sent
+    /// once more after a first attempt that may have reached the app is
+    /// `abandoned` instead).
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(SeqCst)
+    }
+
+    /// Ends the connects under way, and any begun from now on, with
+    /// [`ConnectFailed::Halted`] (never reached the app): drainit is about to
+    /// SIGKILL the app (the deadline, a second signal) or exits, and a request
+    /// still waiting for the app to accept its connection is answered now,
+    /// not cut without an answer at the exit. HTTP/2 requests queued behind
+    /// the connect under way end with it.
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
+    }
+
+    /// Counts a request as waiting until the guard is dropped.
+    fn enter(&self) -> Connecting<'_> {
+        Connecting::new(&self.waiting)
+    }
+
+    /// A TCP connection to `addr` by `by`, unless halted first
+    /// ([`connect_tcp`]).
+    async fn tcp(
+        &self,
+        addr: SocketAddr,
+        by: tokio::time::Instant,
+    ) -> Result<tokio::net::TcpStream, SendError> {
+        connect_tcp(addr, by, &self.halted).await
+    }
 }
 
 /// Counts one wait for a connection to the app in the counter it holds, until
@@ -210,26 +260,8 @@ impl Pool {
             filled: Notify::new(),
             resent: AtomicU64::new(0),
             closed: AtomicBool::new(false),
-            halted: watch::Sender::new(false),
-            connecting: AtomicU64::new(0),
+            connects: Connects::new(),
         }
-    }
-
-    /// Requests waiting now for a new connection to the app (for the log
-    /// line at the deadline: [`Pool::halt`] answers them 503, `rejected`; one
-    /// sent once more after a first attempt that may have reached the app is
-    /// `abandoned` instead).
-    pub fn connecting(&self) -> u64 {
-        self.connecting.load(SeqCst)
-    }
-
-    /// Ends the connects under way, and any begun from now on, with
-    /// [`ConnectFailed::Halted`] (never reached the app): drainit is about to
-    /// SIGKILL the app (the deadline, a second signal) or exits, and a request
-    /// still waiting for the app to accept its connection is answered now,
-    /// not cut without an answer at the exit.
-    pub fn halt(&self) {
-        self.halted.send_replace(true);
     }
 
     /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or on a
@@ -313,8 +345,8 @@ impl Pool {
         let addr = self.addr;
         let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let tcp = {
-            let _connecting = Connecting::new(&self.connecting);
-            connect_tcp(addr, by, &self.halted).await?
+            let _waiting = self.connects.enter();
+            self.connects.tcp(addr, by).await?
         };
         let read = Arc::new(AtomicU64::new(0));
         let io = Counted {
@@ -683,10 +715,8 @@ pub struct Multiplexed {
     /// Set by [`Multiplexed::close_idle`] (beat 3): the connection is no longer
     /// kept for later requests, as [`Pool`] keeps none.
     closed: AtomicBool,
-    /// Set by [`Multiplexed::halt`], as [`Pool::halt`].
-    halted: watch::Sender<bool>,
-    /// Requests waiting for the connection ([`Multiplexed::connecting`]).
-    connecting: AtomicU64,
+    /// Its connects to the app under way, and the switch that ends them.
+    pub connects: Connects,
 }
 
 impl Multiplexed {
@@ -698,21 +728,8 @@ impl Multiplexed {
             idle_for,
             conn: tokio::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
-            halted: watch::Sender::new(false),
-            connecting: AtomicU64::new(0),
+            connects: Connects::new(),
         }
-    }
-
-    /// Requests waiting now for a connection to the app (the one being opened,
-    /// or their own), as [`Pool::connecting`].
-    pub fn connecting(&self) -> u64 {
-        self.connecting.load(SeqCst)
-    }
-
-    /// As [`Pool::halt`]: the connect under way ends, and so does the wait of
-    /// the requests queued behind it.
-    pub fn halt(&self) {
-        self.halted.send_replace(true);
     }
 
     /// The open connection, or a new one. A connection given up here closes
@@ -725,7 +742,7 @@ impl Multiplexed {
     /// requests queued behind a connect to an app that does not accept end
     /// with it, not each [`CONNECT_TIMEOUT`] after the one before.
     async fn sender(&self) -> Result<H2Sender, SendError> {
-        let _connecting = Connecting::new(&self.connecting);
+        let _waiting = self.connects.enter();
         let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let addr = self.addr;
         let mut conn = tokio::time::timeout_at(by, self.conn.lock())
@@ -744,7 +761,7 @@ impl Multiplexed {
             return Ok(s);
         }
         *conn = None;
-        let tcp = connect_tcp(addr, by, &self.halted).await?;
+        let tcp = self.connects.tcp(addr, by).await?;
         let (send, connection) =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())

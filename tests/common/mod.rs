@@ -763,3 +763,22 @@ pub fn full_listener() -> (std::net::TcpListener, std::net::TcpStream, u16) {
     let filler = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     (app, filler, port)
 }
+
+/// drainit with `--proxy` in front of the test's own listener on `app_port`
+/// (e.g. [`full_listener`]), `flags` added, `sleep 60` as its child, ready
+/// (no readiness check): (drainit, the proxy's port, the probe's port).
+pub fn proxy_to(app_port: u16, flags: &[&str]) -> (Running, u16, u16) {
+    let [port, probe] = free_ports();
+    let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app_port}");
+    let probe_addr = format!("127.0.0.1:{probe}");
+    let mut args = vec!["--probe-addr", &probe_addr, "--proxy", &proxy];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "sleep", "60"]);
+    let r = Running::start(Mode::Subreaper, &args);
+    assert!(
+        wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200),
+        "{}",
+        r.stderr_text()
+    );
+    (r, port, probe)
+}
