@@ -95,6 +95,15 @@ fn out_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
 }
 
+/// The `:status` values among nghttp's received fields, in order.
+fn statuses(fields: &[(String, String)]) -> Vec<&str> {
+    fields
+        .iter()
+        .filter(|(k, _)| k == ":status")
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
 /// The `(stream_id=N) name: value` fields nghttp printed as received.
 fn recv_fields(out: &str) -> Vec<(String, String)> {
     out.lines()
@@ -111,11 +120,7 @@ fn get_with_prior_knowledge_passes_with_trailers_and_is_counted_completed() {
     let out = out_of(&o);
     assert!(o.status.success(), "nghttp failed:\n{out}{}", px.ctx());
     let fields = recv_fields(&out);
-    let statuses: Vec<&str> = fields
-        .iter()
-        .filter(|(k, _)| k == ":status")
-        .map(|(_, v)| v.as_str())
-        .collect();
+    let statuses = statuses(&fields);
     assert_eq!(statuses, ["200", "200"], "{out}");
     assert!(out.contains("\nok\n") || out.contains("ok\n["), "{out}");
     // The app's trailers reach the client: gRPC's status travels there.
@@ -457,20 +462,11 @@ fn concurrent_requests_to_an_app_that_does_not_accept_wait_the_connect_bound_onc
     let (_app, _filler, app_port) = full_listener();
     let (mut r, port, _probe) = proxy_to(app_port, &[]);
     let sent = std::time::Instant::now();
-    let o = Command::new("timeout")
-        .args(["30", "nghttp", "-v"])
-        .args(["/a", "/b", "/c"].map(|p| format!("http://127.0.0.1:{port}{p}")))
-        .stdin(Stdio::null())
-        .output()
-        .expect("running nghttp");
+    let o = nghttp(port, &["/a", "/b", "/c"]);
     let took = sent.elapsed();
     let out = out_of(&o);
     let fields = recv_fields(&out);
-    let statuses: Vec<&str> = fields
-        .iter()
-        .filter(|(k, _)| k == ":status")
-        .map(|(_, v)| v.as_str())
-        .collect();
+    let statuses = statuses(&fields);
     assert_eq!(statuses, ["503"; 3], "{out}");
     let timeouts = fields
         .iter()
