@@ -203,6 +203,10 @@ pub enum DelayRule {
     /// The default, outside Kubernetes: applies only when a client asked `/readyz`
     /// before T0; otherwise the delay is 0.
     WhenRouted,
+    /// The default, outside Kubernetes, with nothing that could ask: the probe
+    /// server off (`--probe-addr off`) and no `--proxy-health`. The delay is 0,
+    /// and the grace budget counts 0.
+    Unroutable,
 }
 
 /// The validated configuration.
@@ -1075,6 +1079,13 @@ fn resolve(cli: Direct, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigE
             "--proxy-threads sets the proxy's threads: it needs --proxy".into(),
         ));
     }
+    if config.pre_drain_delay_rule == DelayRule::WhenRouted
+        && config.probe_addr == ProbeAddr::Off
+        && config.proxy_health.is_none()
+    {
+        config.pre_drain_delay_rule = DelayRule::Unroutable;
+        config.pre_drain_delay = Duration::ZERO;
+    }
     if config.strict_budget && !config.budget().fits() {
         return Err(ConfigError::config(format!(
             "the grace budget does not fit (--strict-budget): {}",
@@ -1456,6 +1467,10 @@ impl Config {
             DelayRule::WhenRouted => {
                 "default pre-drain delay: 0s unless a client asks /readyz before the drain signal \
                  (not in Kubernetes: KUBERNETES_SERVICE_HOST is unset); the budget counts it in full"
+            }
+            DelayRule::Unroutable => {
+                "default pre-drain delay: 0s, nothing can ask /readyz (--probe-addr off, no \
+                 --proxy-health; not in Kubernetes: KUBERNETES_SERVICE_HOST is unset)"
             }
         }
     }

@@ -494,6 +494,7 @@ impl Driver {
                 "default pre-drain delay 0: not in Kubernetes and no client asked /readyz"
             }
             (_, DelayRule::Kubernetes) => "default pre-drain delay: in Kubernetes",
+            (_, DelayRule::Unroutable) => "default pre-drain delay 0: nothing can ask /readyz",
             _ => "pre-drain delay as configured",
         }
     }

@@ -185,3 +185,59 @@ fn check_config_says_which_delay_applies() {
         "{explicit}"
     );
 }
+
+/// Outside Kubernetes with the probe server off and no `--proxy-health`, nothing
+/// can ask `/readyz`: the default delay is 0 outright, and the grace budget counts
+/// 0, so `--strict-budget` takes a grace period only the 5 s would have overrun.
+/// Before, the budget counted 5 s and refused it (78).
+#[test]
+fn with_nothing_that_could_ask_readyz_the_default_delay_is_zero() {
+    let out = Command::new(bin())
+        .args([
+            "--check-config",
+            "--probe-addr",
+            "off",
+            "--drain-timeout",
+            "8s",
+            "--grace-period",
+            "10s",
+            "--strict-budget",
+        ])
+        .env(NOT_K8S.0, NOT_K8S.1)
+        .env_remove("DRAINIT_PRE_DRAIN_DELAY")
+        .env_remove("PRE_DRAIN_DELAY_MS")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(
+            "# pre_drain_delay = \"0s\": default pre-drain delay: 0s, nothing can ask /readyz"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("pre-drain delay 0s + drain timeout 8s"),
+        "{text}"
+    );
+    // Running: the child gets its SIGTERM at T0, and the log says why.
+    let app = sigapp("app", &["CLEANUP=0.1"]);
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &[],
+        args: &cmd(&["--probe-addr", "off", "--drain-timeout", "5s"], &app),
+        env: &[NOT_K8S],
+    });
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(4));
+    assert_eq!(rc, 0, "{}", r.stderr_text());
+    assert!(term_after(&r) < 1500, "{} ms", term_after(&r));
+    assert_eq!(num(&r.report(), "drain.pre_drain_delay_ms"), 0);
+    let log = r.stderr_text();
+    assert!(
+        log.contains("(default pre-drain delay 0: nothing can ask /readyz)"),
+        "{log}"
+    );
+}
