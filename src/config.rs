@@ -238,6 +238,9 @@ pub struct Config {
     pub report_file: Option<PathBuf>,
     /// `--proxy`: the admission proxy's addresses; `None`: no proxy.
     pub proxy: Option<ProxySpec>,
+    /// Where `proxy` was given (`--proxy`, `DRAINIT_PROXY`, or the file's
+    /// `PATH:LINE:COLUMN`), for the message of a bind failure (78).
+    pub proxy_given_by: String,
     /// `--proxy-health`: the path drainit answers itself on the proxy port.
     pub proxy_health: Option<String>,
     /// `--stream-spread` as given; see [`Config::stream_spread`].
@@ -1444,6 +1447,7 @@ impl Config {
             teardown_timeout: Duration::ZERO,
             report_file: None,
             proxy: None,
+            proxy_given_by: String::new(),
             proxy_health: None,
             stream_spread: None,
             proxy_threads: None,

@@ -229,8 +229,9 @@ fn run(args: Vec<OsString>) -> i32 {
             }
             Err(e) => {
                 log::error!(
-                    "binding the proxy address {} (--proxy) failed: {}",
+                    "binding the proxy address {} ({}) failed: {}",
                     spec.listen,
+                    cfg.proxy_given_by,
                     drainit::util::io_word_or_text(&e)
                 );
                 return exit::CONFIG;

@@ -185,31 +185,51 @@ fn nul_bytes_in_the_file_are_refused_at_start() {
     }
 }
 
-/// Given in the environment or the file, a taken probe address names the variable
-/// or the file's line and column, not a flag the user never typed.
+/// A taken probe or proxy address names where it was given: the flag, the
+/// variable, or the file's line and column, not a flag the user never typed.
 #[test]
-fn a_taken_probe_address_names_the_variable_or_the_file() {
-    let tmp = TmpDir::new("probeaddr-env");
+fn a_taken_probe_or_proxy_address_names_the_flag_the_variable_or_the_file() {
+    let tmp = TmpDir::new("taken-addr");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let o = run(&tmp, &[], &[("DRAINIT_PROBE_ADDR", addr.as_bytes())]);
-    assert_eq!(o.code, 78, "{}", o.stderr);
-    assert!(
-        o.stderr
-            .contains(&format!("{addr} (DRAINIT_PROBE_ADDR) failed")),
-        "{}",
-        o.stderr
-    );
+    let proxy = format!("{addr}=127.0.0.1:1");
     let file = tmp.join("drainit.toml");
-    std::fs::write(&file, format!("\nprobe_addr = \"{addr}\"\n")).unwrap();
-    let o = run(&tmp, &["--config", file.to_str().unwrap()], &[]);
-    assert_eq!(o.code, 78, "{}", o.stderr);
-    assert!(
-        o.stderr
-            .contains(&format!("{addr} ({}:2:14) failed", file.display())),
-        "{}",
-        o.stderr
-    );
+    let cfg = file.to_str().unwrap();
+    // (flag, variable, file key, value, other flags)
+    let rows: [(&str, &str, &str, &str, &[&str]); 2] = [
+        (
+            "--probe-addr",
+            "DRAINIT_PROBE_ADDR",
+            "probe_addr",
+            &addr,
+            &[],
+        ),
+        ("--proxy", "DRAINIT_PROXY", "proxy", &proxy, &[OFF]),
+    ];
+    for (flag, var, key, value, other) in rows {
+        let named = |o: &Out, by: &str| {
+            assert_eq!(o.code, 78, "{flag}: {}", o.stderr);
+            assert!(
+                o.stderr.contains(&format!("{addr} ({by}) failed")),
+                "{flag}: {}",
+                o.stderr
+            );
+        };
+        fn with<'a>(other: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+            [other, more].concat()
+        }
+        named(&run(&tmp, &with(other, &[flag, value]), &[]), flag);
+        named(
+            &run(&tmp, &with(other, &[]), &[(var, value.as_bytes())]),
+            var,
+        );
+        std::fs::write(&file, format!("\n{key} = \"{value}\"\n")).unwrap();
+        let col = key.len() + 4;
+        named(
+            &run(&tmp, &with(other, &["--config", cfg]), &[]),
+            &format!("{cfg}:2:{col}"),
+        );
+    }
 }
 
 #[test]

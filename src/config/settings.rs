@@ -339,6 +339,7 @@ pub(super) static SETTINGS: [Setting; 21] = [
         set: |c, g| {
             if !g.is_default() {
                 c.proxy = Some(g.one(parse_proxy)?);
+                c.proxy_given_by = g.whole.given_by().unwrap_or_default();
             }
             Ok(())
         },
