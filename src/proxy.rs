@@ -1394,9 +1394,7 @@ async fn handle(
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        let mut r = unavailable(why, gate, version);
-        r.body_mut().rejecting = Some(rejecting);
-        return r;
+        return unavailable(why, gate, version, rejecting);
     }
     // Declared before `admitted`, so dropped after it: when hyper drops this
     // future (the client went away while the app works on its request), the
@@ -1419,9 +1417,7 @@ async fn handle(
         if !expects_continue(req.headers()) {
             drain_body(req.into_body()).await;
         }
-        let mut r = unavailable("draining", shared.gate(), version);
-        r.body_mut().rejecting = Some(rejecting);
-        return r;
+        return unavailable("draining", shared.gate(), version, rejecting);
     }
     let upgrading = wants_upgrade(req.headers());
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
@@ -1519,9 +1515,7 @@ async fn handle(
                 upstream::ConnectFailed::Halted => "draining",
                 upstream::ConnectFailed::Refused => "upstream refused",
             };
-            let mut r = unavailable(why, shared.gate(), version);
-            r.body_mut().rejecting = Some(rejecting);
-            return r;
+            return unavailable(why, shared.gate(), version, rejecting);
         }
         Err(e)
             if body_fate
@@ -1804,8 +1798,14 @@ pub const HEALTH_WAIT: Duration = Duration::from_secs(10);
 /// `Retry-After` §10.2.3). Its `Proxy-Status` (RFC 9209 §2) names the error
 /// type: `destination_unavailable` before ready and while draining,
 /// `connection_refused` and `connection_timeout` (§2.3.7, §2.3.9) when the
-/// connection to the app failed.
-fn unavailable(why: &'static str, gate: Gate, version: hyper::Version) -> Response<ProxyBody> {
+/// connection to the app failed. Its body holds `rejecting` until it is
+/// written ([`Rejecting`]).
+fn unavailable(
+    why: &'static str,
+    gate: Gate,
+    version: hyper::Version,
+    rejecting: Rejecting,
+) -> Response<ProxyBody> {
     let (body, error, details) = match why {
         "not ready" => (
             "503 not ready\n",
@@ -1825,6 +1825,7 @@ fn unavailable(why: &'static str, gate: Gate, version: hyper::Version) -> Respon
         ),
     };
     let mut r = local(StatusCode::SERVICE_UNAVAILABLE, body, gate, version);
+    r.body_mut().rejecting = Some(rejecting);
     let h = r.headers_mut();
     h.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
     if version < hyper::Version::HTTP_2 {

@@ -150,6 +150,16 @@ impl Px {
         );
     }
 
+    /// Waits (5 s) until the app's log has a line starting with `prefix`
+    /// (`recv GET /slow`: the request is in the app).
+    fn wait_logged(&self, prefix: &str) {
+        assert!(
+            wait_until(secs(5), || !self.logged(prefix).is_empty()),
+            "{}",
+            self.ctx()
+        );
+    }
+
     /// A new client connection to the proxy.
     fn conn(&self) -> Conn {
         Conn::open(self.port)
@@ -1108,11 +1118,7 @@ fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
         let mut s = Conn::open(port);
         s.get("/slow?ms=5000", &[]).map(|r| r.status)
     });
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     px.r.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -1149,11 +1155,7 @@ fn after_the_forward_the_proxy_port_answers_503_until_the_exit() {
     );
     px.wait_ready();
     px.r.signal(libc::SIGTERM);
-    assert!(
-        wait_until(secs(5), || !px.logged("signal TERM").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("signal TERM");
     let resp = get(px.port, "/ok");
     assert_draining_503(&resp, "after the forward");
     let (code, rep) = px.finish(secs(8));
@@ -1234,11 +1236,7 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
         let mut s = Conn::open(port);
         s.get("/slow?ms=4000", &[]).map(|r| (r.status, r.closes()))
     });
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     px.term();
     // Beat 1: still served, with Connection: close, and the connection closes.
     let mut b = px.conn();
@@ -1436,11 +1434,7 @@ fn a_request_cut_by_the_sigkill_after_a_second_signal_is_abandoned() {
     px.wait_ready();
     let port = px.port;
     let slow = std::thread::spawn(move || Conn::open(port).get("/slow?ms=8000", &[]));
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     px.r.signal(libc::SIGTERM);
     assert!(
         wait_until(secs(5), || px.r.stderr_text().contains("drain started")),
@@ -1735,11 +1729,7 @@ fn a_client_that_goes_away_mid_request_is_canceled() {
     let mut px = start_graceful();
     let mut c = px.conn();
     c.request("GET", "/slow?ms=800", &[], None).unwrap();
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     drop(c);
     // The app finishes its side (or finds the upstream connection closed); the
     // proxy has nobody to answer.
@@ -1816,11 +1806,7 @@ fn an_app_that_dies_mid_request_loses_it_as_unknown() {
             .map(|r| (r.status, String::from_utf8_lossy(&r.body).into_owned()))
             .map_err(|e| e.to_string())
     });
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     let app: i32 = px.logged("start pid=")[0]
         .split_whitespace()
         .find_map(|w| w.strip_prefix("pid="))
@@ -1860,11 +1846,7 @@ fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
     let mut c = px.conn();
     c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100000\r\n\r\nabc")
         .unwrap();
-    assert!(
-        wait_until(secs(5), || !px.logged("recv POST /upload").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv POST /upload");
     drop(c);
     assert!(
         now_ms() < px.r.t0 + 900,
@@ -2852,11 +2834,7 @@ fn a_client_that_goes_away_while_the_drain_waits_for_its_request_lets_the_drain_
     px.wait_ready();
     let mut c = px.conn();
     c.request("GET", "/slow?ms=3000", &[], None).unwrap();
-    assert!(
-        wait_until(secs(5), || !px.logged("recv GET /slow").is_empty()),
-        "{}",
-        px.ctx()
-    );
+    px.wait_logged("recv GET /slow");
     px.r.signal(libc::SIGTERM);
     assert!(
         wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),

@@ -162,6 +162,8 @@ pub(super) static SETTINGS: [Setting; 21] = [
             {
                 DelayRule::Kubernetes
             } else {
+                // `Unroutable` instead when nothing could ask (decided in
+                // `resolve`, once the probe and proxy settings are known).
                 DelayRule::WhenRouted
             };
             Ok(())

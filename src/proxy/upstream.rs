@@ -167,30 +167,45 @@ impl Connects {
 
     /// Counts a request as waiting until the guard is dropped.
     fn enter(&self) -> Connecting<'_> {
-        Connecting::new(&self.waiting)
+        self.waiting.fetch_add(1, SeqCst);
+        Connecting(&self.waiting)
     }
 
-    /// A TCP connection to `addr` by `by`, unless halted first
-    /// ([`connect_tcp`]).
+    /// A TCP connection to the app at `addr` (`TCP_NODELAY`), established by
+    /// `by` (the request's [`CONNECT_TIMEOUT`]), unless halted first
+    /// ([`Connects::halt`]).
+    ///
+    /// # Errors
+    /// Refused, no answer in time, or halted: [`SendError`] with `reached_app`
+    /// false and [`SendError::connect`] saying which.
     async fn tcp(
         &self,
         addr: SocketAddr,
         by: tokio::time::Instant,
     ) -> Result<tokio::net::TcpStream, SendError> {
-        connect_tcp(addr, by, &self.halted).await
+        let mut halt = self.halted.subscribe();
+        let tcp = tokio::select! {
+            biased;
+            Ok(_) = halt.wait_for(|h| *h) => {
+                return Err(SendError {
+                    connect: ConnectFailed::Halted,
+                    ..SendError::unreached(format!(
+                        "connect to {addr}: not established when drainit stopped the app"
+                    ))
+                });
+            }
+            r = tokio::time::timeout_at(by, tokio::net::TcpStream::connect(addr)) => r
+                .map_err(|_| SendError::timed_out(addr))?
+                .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?,
+        };
+        let _ = tcp.set_nodelay(true);
+        Ok(tcp)
     }
 }
 
 /// Counts one wait for a connection to the app in the counter it holds, until
-/// dropped.
+/// dropped ([`Connects::enter`]).
 struct Connecting<'a>(&'a AtomicU64);
-
-impl<'a> Connecting<'a> {
-    fn new(n: &'a AtomicU64) -> Connecting<'a> {
-        n.fetch_add(1, SeqCst);
-        Connecting(n)
-    }
-}
 
 impl Drop for Connecting<'_> {
     fn drop(&mut self) {
@@ -662,36 +677,6 @@ fn reset_unread(e: &hyper::Error) -> bool {
     e.source()
         .and_then(|s| s.downcast_ref::<std::io::Error>())
         .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
-}
-
-/// A TCP connection to the app (`TCP_NODELAY`), established by `by` (the
-/// request's [`CONNECT_TIMEOUT`]), unless `halted` is or becomes true first.
-///
-/// # Errors
-/// Refused, no answer in time, or halted: [`SendError`] with `reached_app`
-/// false and [`SendError::connect`] saying which.
-async fn connect_tcp(
-    addr: SocketAddr,
-    by: tokio::time::Instant,
-    halted: &watch::Sender<bool>,
-) -> Result<tokio::net::TcpStream, SendError> {
-    let mut halt = halted.subscribe();
-    let tcp = tokio::select! {
-        biased;
-        Ok(_) = halt.wait_for(|h| *h) => {
-            return Err(SendError {
-                connect: ConnectFailed::Halted,
-                ..SendError::unreached(format!(
-                    "connect to {addr}: not established when drainit stopped the app"
-                ))
-            });
-        }
-        r = tokio::time::timeout_at(by, tokio::net::TcpStream::connect(addr)) => r
-            .map_err(|_| SendError::timed_out(addr))?
-            .map_err(|e| SendError::unreached(format!("connect to {addr}: {e}")))?,
-    };
-    let _ = tcp.set_nodelay(true);
-    Ok(tcp)
 }
 
 /// The sending half of an HTTP/2 connection to the app.
