@@ -11,7 +11,7 @@
 //! The kernel maps a binary's pages 64 KiB around each page fault, so with the
 //! hot functions spread over all the code, nearly all of it was resident
 //! (1.9 MB); with them together, drainit's resident memory is what it runs
-//! (README "Performance"). The script is a partial one (`INSERT BEFORE .text`,
+//! (bench/README.md, "Hot code first"). The script is a partial one (`INSERT BEFORE .text`,
 //! GNU ld and lld): a function it does not name is linked as before.
 //!
 //! **The dynamic glibc build:**

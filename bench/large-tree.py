@@ -1,7 +1,7 @@
-# python3 bench/large-tree.py BIN ZOMBIES LIVE MODE   (MODE: subreaper or pid1; root)
-# One drain of a large tree (issue 13): the app forks LIVE sleeping children and
+# python3 bench/large-tree.py BIN ZOMBIES LIVE MODE [DELAY]   (MODE: subreaper or pid1; root)
+# One drain of a large tree: the app forks LIVE sleeping children and
 # ZOMBIES children it never reaps, ignores SIGTERM; drainit runs with
-# --pre-drain-delay 0s --drain-timeout 2s. Prints, from the kill of drainit: when
+# --pre-drain-delay DELAY (default 0s) --drain-timeout 2s. Prints, from the kill of drainit: when
 # the app got SIGTERM, when it died (polled every 2 ms), when drainit exited, and
 # the report's times. Leaves its files in a temporary directory.
 import json, os, signal, subprocess, sys, time, tempfile
@@ -30,11 +30,12 @@ while True:
     time.sleep(0.05)
 '''
 bin_, z, l, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+delay = sys.argv[5] if len(sys.argv) > 5 else "0s"
 d = tempfile.mkdtemp()
 mark = os.path.join(d, "mark"); open(mark, "w").close()
 err = open(os.path.join(d, "err"), "w")
 env = dict(os.environ, MARK=mark, ZOMBIES=z, LIVE=l)
-cmd = [bin_, "--probe-addr=off", "--pre-drain-delay", "0s", "--drain-timeout", "2s", "--", "python3", "-c", BIG_TREE]
+cmd = [bin_, "--probe-addr=off", "--pre-drain-delay", delay, "--drain-timeout", "2s", "--", "python3", "-c", BIG_TREE]
 if mode == "pid1":
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"] + cmd
 p = subprocess.Popen(cmd, env=env, stderr=err)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Rolling restart behind a real HAProxy, drainit's --proxy against the baselines.
-# Runs ../shared/rollout/harness.py (the shared instrument, unchanged) from a checkout.
+# Runs a rollout instrument that this repository does not ship (its harness.py, unchanged),
+# where one is at hand: ROLLOUT names it.
 #
 # Usage: bench/rollout-proxy.sh [BATCH_DIR]
-#   ROLLOUT=DIR  the rollout instrument (default: ../shared/rollout next to the checkout)
+#   ROLLOUT=DIR  the rollout instrument's folder (default: ../shared/rollout beside the
+#                checkout, where CI keeps it)
 #   DRAINIT=BIN  default target/x86_64-unknown-linux-musl/release/drainit (build it first)
 #   REPS=N       repetitions of the proxy configurations (default 3)
 #   BASE_REPS=N  repetitions of the baselines: drainit --probe-addr with HAProxy checking

@@ -90,7 +90,7 @@ trap 'rm -rf "$work"' EXIT
 gcc -O2 -Wall -o "$work/helper" "$here/helper.c"
 # drainit is measured from a copy: the file the linker has just written can sit in
 # the page cache in larger folios, which a page fault maps whole, and the same bytes
-# then read ~300 KiB more resident memory than a copy does (README, Performance).
+# then read ~300 KiB more resident memory than a copy does (bench/README.md, "Resident memory").
 if [ -n "$drainit" ]; then
     cp "$drainit" "$work/drainit"
     drainit=$work/drainit

@@ -7,6 +7,10 @@
     GET /            "hello"
     GET /slow?ms=N   answers after N milliseconds (default 3000): an in-flight request
     GET /health      200 "ok" while serving
+    POST /drain/handoff[?ms=N]
+                     the app's drain phase (docs/drain-phases.md): hand its work to
+                     another replica, here by waiting N ms (default 200, never longer
+                     than the Drainit-Phase-Budget-Ms drainit sends), then 200
 
 On SIGTERM (or SIGINT) the app stops accepting new connections, lets every request
 already in flight finish, and exits 0. That is the app's half of a graceful stop;
@@ -38,6 +42,21 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, f"done after {ms} ms\n")
         else:
             self.reply(404, "not found\n")
+
+    def do_POST(self):
+        url = urlparse(self.path)
+        if url.path != "/drain/handoff":
+            self.reply(404, "not found\n")
+            return
+        # drainit says how long this phase may take: fit the work into it.
+        budget = int(self.headers.get("Drainit-Phase-Budget-Ms", "0") or 0)
+        ms = int(parse_qs(url.query).get("ms", ["200"])[0])
+        if budget:
+            ms = min(ms, budget)
+        sys.stdout.write(f"demo-app: handing off, budget {budget} ms, taking {ms} ms\n")
+        sys.stdout.flush()
+        time.sleep(ms / 1000)
+        self.reply(200, f"handed off in {ms} ms\n")
 
     def reply(self, status, body):
         data = body.encode()

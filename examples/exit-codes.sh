@@ -1,5 +1,5 @@
 #!/bin/sh
-# examples/exit-codes.sh — check drainit's exit codes (DESIGN §3) from the outside.
+# examples/exit-codes.sh — check drainit's exit codes (README, "Exit codes") from the outside.
 #
 #   sh examples/exit-codes.sh path/to/drainit
 #

@@ -8,7 +8,7 @@ Why: the kernel maps a file's pages 64 KiB around each page fault (fault-around)
 so a binary whose few hot functions are spread over all of its 1.5 MB of code has
 nearly all of it resident. With the hot functions side by side, drainit's resident
 memory is what it runs, not the size of everything linked in (the admission proxy,
-HTTP/2, TOML parsing, backtraces). README "Performance" has the figures.
+HTTP/2, TOML parsing, backtraces). bench/README.md, "Hot code first", has the figures.
 
 How: the static musl release build with its symbols kept (target/hot-text/,
 DRAINIT_KEEP_SYMBOLS=1: build.rs then does not strip them) runs a few
@@ -120,13 +120,25 @@ def scenarios(binary, work):
     callgrind(out, [binary, "--probe-addr", "off", "--", "sleep", "2"])
     outs.append(out)
 
+    # The drain, after a signal forwarded at once (SIGWINCH, which sleep
+    # ignores): the forward's path is hot too.
+    def asking_then_forwarding(port, paths):
+        ask = asking(port, paths)
+
+        def run(p):
+            ask(p)
+            p.send_signal(signal.SIGWINCH)
+            time.sleep(0.3)
+
+        return run
+
     port = free_port()
     out = os.path.join(work, "cg.drain")
     callgrind(
         out,
         [binary, "--probe-addr", f"127.0.0.1:{port}", "--report-file",
          os.path.join(work, "report.json"), "--", "sleep", "1000"],
-        during=asking(port, ["/metrics", "/nope"]),
+        during=asking_then_forwarding(port, ["/metrics", "/nope"]),
         term_after=1.0,
     )
     outs.append(out)
@@ -157,7 +169,9 @@ def pattern(name):
 
 
 def main():
-    binary = build()
+    # DRAINIT_HOT_TEXT_BIN: a build with symbols made already (the shipped
+    # flags and DRAINIT_KEEP_SYMBOLS=1), instead of building one here.
+    binary = os.environ.get("DRAINIT_HOT_TEXT_BIN") or build()
     # One group of patterns per scenario, in the scenarios' order, each without
     # what an earlier one has: the code of the shortest life first, then what a
     # life with probes and a drain adds, then the deadline's. Idle, drainit keeps

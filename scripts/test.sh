@@ -5,9 +5,15 @@
 #   2. the static musl release binary, the one that ships (the Rust target is
 #      installed with rustup when missing);
 #   3. `cargo test` with DRAINIT_BIN set to that binary: unit and component tests run
-#      on this build's library, every black-box test (tests/*.rs starting the binary,
-#      ../shared/cases included) runs the shipped static binary.
-# Needs root (PID namespaces), Python 3, gcc, unshare, setsid, script.
+#      on this build's library, every black-box test (tests/*.rs starting the binary)
+#      runs the shipped static binary. tests/cases.rs also runs the handed acceptance
+#      scripts in ../shared/cases where that folder exists, and says so when it is absent;
+#   4. the arm64 static binary (release.sh's flags) and its smoke suite,
+#      tests/arm64.rs, under qemu-user (`qemu-aarch64-static`);
+#   5. the Debian packages (cargo-deb) of both binaries: the amd64 one installed with
+#      dpkg -i, run, and removed with dpkg -r; the arm64 one's contents (tests/deb.rs).
+# Needs root (PID namespaces, dpkg), Python 3, gcc, unshare, setsid, script,
+# qemu-user-static (`.ci/run` installs what is missing; cargo-deb is installed here).
 set -eu
 cd "$(dirname "$0")/.."
 TARGET=x86_64-unknown-linux-musl
@@ -20,7 +26,7 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
 fi
 # The flags of release.sh and Dockerfile.example: a plain static executable, not the
 # static PIE the musl target builds by default, so the tests run the binary that ships
-# (and the README's static build, at the same path, is not rebuilt by each run).
+# (and docs/packaging.md's static build by hand, at the same path, is not rebuilt by each run).
 RUSTFLAGS='-C target-feature=+crt-static -C relocation-model=static' \
   cargo build --release --target "$TARGET"
 BIN="$PWD/target/$TARGET/release/drainit"
@@ -30,3 +36,29 @@ BIN="$PWD/target/$TARGET/release/drainit"
 cargo build -p xtask
 
 DRAINIT_BIN="$BIN" cargo test
+
+# ---- arm64: the static aarch64 binary, smoke-tested under emulation ----------------
+# The flags of release.sh (rust-lld: no aarch64 C toolchain). Its own step, with
+# --nocapture, so the checks emulation cannot run are said, not swallowed.
+ARM64_TARGET=aarch64-unknown-linux-musl
+if ! rustup target list --installed 2>/dev/null | grep -qx "$ARM64_TARGET"; then
+  rustup target add "$ARM64_TARGET"
+fi
+RUSTFLAGS='-C target-feature=+crt-static -C relocation-model=static -C linker=rust-lld' \
+  cargo build --release --target "$ARM64_TARGET"
+DRAINIT_ARM64_BIN="$PWD/target/$ARM64_TARGET/release/drainit" \
+  cargo test --test arm64 -- --nocapture --test-threads 2
+
+# ---- the Debian packages: built from the binaries tested above; amd64 installed, removed -
+# cargo-deb is installed once (3 min here, on two shared cores; it stays in
+# ~/.cargo/bin). --no-build: the packages hold the static binaries the tests ran.
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  cargo install cargo-deb --locked --version '^3'
+fi
+rm -rf target/assets
+cargo run --quiet -p xtask -- docs target/assets >/dev/null
+DEB=$(cargo deb --no-build --no-strip --target "$TARGET" -o target/debian/ | tail -n 1)
+ARM64_DEB=$(cargo deb --no-build --no-strip --target "$ARM64_TARGET" -o target/debian/ | tail -n 1)
+DRAINIT_BIN="$BIN" DRAINIT_DEB="$DEB" \
+  DRAINIT_ARM64_BIN="$PWD/target/$ARM64_TARGET/release/drainit" DRAINIT_ARM64_DEB="$ARM64_DEB" \
+  cargo test --test deb

@@ -1,14 +1,16 @@
 //! Readiness checks: tcp, http, exec and file, each bounded by its own timeout,
-//! run concurrently, with single flight (DESIGN §7, §6).
+//! run concurrently, with single flight (docs/probes.md).
 //!
-//! Owns: evaluating the configured checks and remembering the last evaluation.
+//! Owns: evaluating the configured checks, remembering the last evaluation, and
+//! counting every run ([`RunCounts`], which `/metrics` reads at scrape time).
 //! While starting, [`wait_ready`] polls every `--ready-interval` until all pass
 //! once; from then on each `/readyz` request calls [`Checks::evaluate`], and
 //! requests that arrive while an evaluation runs share it, so probe load never
 //! multiplies check load.
 //!
-//! Must not: wait for a process itself. Exec checks are spawned through the one
-//! reaper and their status comes back on a channel. A check's `detail` names the
+//! Must not: wait for a process itself, or signal one. Exec checks are spawned
+//! through the one reaper and their status comes back on a channel; the tree
+//! kills what a timed-out or finished check leaves ([`crate::tree::Helper`]). A check's `detail` names the
 //! kind of failure only (`connection refused`, `timed out after 500ms`, `exit status
 //! 1`, `http status 500`), never an error's text: that text carries hosts, users and
 //! secrets, and probes are reachable by anything on the network.
@@ -22,8 +24,8 @@ use tokio::sync::watch;
 
 use crate::drain::ChildExit;
 use crate::reaper::Reaper;
-use crate::spawn::{HelperOutput, spawn_helper};
-use crate::util::fmt_ms;
+use crate::spawn::{HelperOutput, Launcher};
+use crate::util::{entry, fmt_ms};
 
 /// One readiness check, as configured.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +37,7 @@ pub struct Check {
     pub timeout: Duration,
 }
 
-/// What a check looks at (DESIGN §7).
+/// What a check looks at (docs/probes.md).
 #[derive(Clone, Debug, PartialEq)]
 pub enum CheckKind {
     /// `host:port`; passes when a connection is accepted.
@@ -72,26 +74,74 @@ impl Evaluation {
     }
 }
 
+/// Upper bounds of the check-duration histogram buckets, seconds (the Prometheus
+/// client libraries' defaults, which span a 1 s default check timeout well).
+pub const DURATION_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// How long a check's runs took, seconds.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    /// Non-cumulative counts per bucket of [`DURATION_BUCKETS`], then `+Inf`.
+    pub buckets: [u64; DURATION_BUCKETS.len() + 1],
+    pub sum: f64,
+    pub count: u64,
+}
+
+/// Every run of every check so far, for `/metrics` (read at scrape time). Label
+/// sets in the order first seen; plain vectors, not maps: a handful of entries.
+#[derive(Clone, Debug, Default)]
+pub struct RunCounts {
+    /// `(check name, passed)` → runs.
+    pub runs: Vec<((String, bool), u64)>,
+    /// Check name → durations.
+    pub durations: Vec<(String, Histogram)>,
+}
+
+impl RunCounts {
+    /// One run of the check named `check` ended after `took`, passed or not (a
+    /// timeout is a failure that took the timeout).
+    pub fn record(&mut self, check: &str, passed: bool, took: Duration) {
+        *entry(&mut self.runs, (check.to_string(), passed)) += 1;
+        let h = entry(&mut self.durations, check.to_string());
+        let secs = took.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(DURATION_BUCKETS.len());
+        h.buckets[i] += 1;
+        h.sum += secs;
+        h.count += 1;
+    }
+}
+
 /// The configured checks and the single-flight state.
 pub struct Checks {
     specs: Vec<Check>,
     reaper: Rc<RefCell<Reaper>>,
+    /// Starts exec checks.
+    launcher: Launcher,
     running: RefCell<Option<watch::Receiver<Option<Rc<Evaluation>>>>>,
     last: RefCell<Option<Rc<Evaluation>>>,
     runs: std::cell::Cell<u64>,
+    counts: Rc<RefCell<RunCounts>>,
 }
 
 impl Checks {
     /// The checks of the configuration, in order. `reaper` is the one waiter: exec
     /// checks register their pid with it, and their status arrives only when the
     /// supervisor reaps (without a reaping loop, an exec check ends by timing out).
-    pub fn new(specs: Vec<Check>, reaper: Rc<RefCell<Reaper>>) -> Rc<Checks> {
+    /// `launcher` starts the exec checks.
+    pub fn new(specs: Vec<Check>, reaper: Rc<RefCell<Reaper>>, launcher: Launcher) -> Rc<Checks> {
         Rc::new(Checks {
             specs,
             reaper,
+            launcher,
             running: RefCell::new(None),
             last: RefCell::new(None),
             runs: 0.into(),
+            counts: Rc::default(),
         })
     }
 
@@ -105,15 +155,21 @@ impl Checks {
         self.last.borrow().clone()
     }
 
-    /// The pids of drainit's own helpers running now (exec checks, teardown
-    /// steps): not the app's processes.
+    /// drainit's own helpers (exec checks, teardown steps) and the process
+    /// groups of exec checks whose leftovers are not gone yet
+    /// (`tree::helpers`): not the app's processes.
     pub fn helper_pids(&self) -> std::collections::HashSet<i32> {
-        self.reaper.borrow().helpers().collect()
+        crate::tree::helpers(&self.reaper, &crate::tree::Real)
     }
 
     /// How many evaluations ran so far (single flight shows here).
     pub fn runs(&self) -> u64 {
         self.runs.get()
+    }
+
+    /// Every check run so far, by check and result, and how long they took.
+    pub fn runs_by_result(&self) -> std::cell::Ref<'_, RunCounts> {
+        self.counts.borrow()
     }
 
     /// Evaluates every check, or joins the evaluation already running. Returns
@@ -168,14 +224,22 @@ impl Checks {
         for (i, spec) in self.specs.iter().enumerate() {
             let spec = spec.clone();
             let reaper = self.reaper.clone();
+            let launcher = self.launcher.clone();
+            let counts = self.counts.clone();
             set.spawn_local(async move {
                 let started = tokio::time::Instant::now();
-                let detail =
-                    match tokio::time::timeout(spec.timeout, run_one(&spec.kind, &reaper)).await {
-                        Ok(r) => r.err(),
-                        Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
-                    };
-                crate::metrics::check_ran(&spec.name, detail.is_none(), started.elapsed());
+                let detail = match tokio::time::timeout(
+                    spec.timeout,
+                    run_one(&spec.kind, &reaper, &launcher),
+                )
+                .await
+                {
+                    Ok(r) => r.err(),
+                    Err(_) => Some(format!("timed out after {}", fmt_ms(spec.timeout))),
+                };
+                counts
+                    .borrow_mut()
+                    .record(&spec.name, detail.is_none(), started.elapsed());
                 (
                     i,
                     CheckResult {
@@ -210,11 +274,15 @@ impl Checks {
 
 /// Runs one check to its end (the caller bounds it with the check's timeout).
 /// `Err` holds the failure kind shown as `detail`.
-async fn run_one(kind: &CheckKind, reaper: &Rc<RefCell<Reaper>>) -> Result<(), String> {
+async fn run_one(
+    kind: &CheckKind,
+    reaper: &Rc<RefCell<Reaper>>,
+    launcher: &Launcher,
+) -> Result<(), String> {
     match kind {
         CheckKind::Tcp(addr) => tcp(addr).await.map(drop),
         CheckKind::Http(url) => http(url).await,
-        CheckKind::Exec(argv) => exec(argv, reaper).await,
+        CheckKind::Exec(argv) => exec(argv, reaper, launcher).await,
         CheckKind::File(p) => {
             // On the loop thread: a hung filesystem (an NFS mount gone away) would
             // stall it. tokio's blocking pool would not, but its code alone costs
@@ -471,34 +539,27 @@ pub fn response_verdict(head: &mut Vec<u8>) -> Option<Result<(), String>> {
     }
 }
 
-async fn exec(argv: &[String], reaper: &Rc<RefCell<Reaper>>) -> Result<(), String> {
+async fn exec(
+    argv: &[String],
+    reaper: &Rc<RefCell<Reaper>>,
+    launcher: &Launcher,
+) -> Result<(), String> {
     let (pid, rx) = {
         let mut r = reaper.borrow_mut();
-        let pid =
-            spawn_helper(argv, HelperOutput::Null).map_err(|e| crate::spawn::io_error_kind(&e))?;
-        (pid, r.register(pid))
+        let pid = launcher
+            .spawn_helper(argv, HelperOutput::Null)
+            .map_err(|e| crate::spawn::io_error_kind(&e))?;
+        (pid, r.register_check(pid))
     };
-    /// Kills the check's process group if the check is dropped (timed out) before
-    /// it was reaped.
-    struct KillOnDrop(i32, Rc<RefCell<Reaper>>);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            if self.1.borrow().is_waiting(self.0) {
-                let _ = crate::tree::kill(-self.0, crate::signals::Signal::KILL);
-            }
-        }
-    }
-    let guard = KillOnDrop(pid, reaper.clone());
+    // Dropped before it was reaped (the check timed out): the tree kills its
+    // process group.
+    let helper = crate::tree::Helper::watch(pid, reaper.clone());
     let exit = rx.await.map_err(|_| "internal error".to_string())?;
-    drop(guard);
-    // The check is over: what it left running in its process group (`sh -c 'x &
-    // exit 0'`) goes too. Left, it would be re-parented to drainit and taken for
-    // the app's work: signalled at the drain, SIGKILLed at the deadline and
-    // reported abandoned (exit 2 after the app drained cleanly), one more for
-    // every evaluation. The group is still the check's while a member lives (the
-    // kernel does not hand out its number again until the last one is gone), and
-    // ESRCH (nothing left) is the common case.
-    let _ = crate::tree::kill(-pid, crate::signals::Signal::KILL);
+    // The check is over: what it left running in its group goes too, and the
+    // groups of earlier checks found empty are forgotten (one per check
+    // otherwise, until the next walk of the tree).
+    helper.finished();
+    crate::tree::forget_empty_groups(reaper, &crate::tree::Real);
     match exit {
         ChildExit::Code(0) => Ok(()),
         ChildExit::Code(n) => Err(format!("exit status {n}")),

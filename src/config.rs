@@ -1,23 +1,25 @@
 //! Configuration: command line + environment + TOML file → a validated [`Config`].
 //!
-//! Owns: parsing and validation of every setting (DESIGN §8), the precedence
+//! Owns: parsing and validation of every setting (docs/configuration.md), the precedence
 //! flag > environment > file > default, the grace-budget arithmetic, and the exit
 //! codes for bad input (64 for the command line, 78 for environment and file).
 //!
 //! Must not: start anything. A bad value is found here, before the probe socket is
 //! bound or the child spawned, so bad input never leaves a half-started app.
 //!
-//! Shape (ripgrep's): clap parses raw strings into [`Cli`]; [`load_from`] validates them,
+//! Shape (ripgrep's): clap parses raw strings ([`command`]); [`load_from`] validates them,
 //! together with the environment and the file, into the [`Config`] the rest of
 //! drainit uses. Values are kept as strings until then so that an error can name
 //! where the value came from: the flag, the `DRAINIT_*` variable, or the file's key
 //! with its line and column.
 //!
-//! Settings as data (`settings.rs`): each setting is one [`Cli`] field (its flag,
-//! variable and help) and one entry of a table that gives its file key, default,
-//! validation and `--check-config` line; one lookup by precedence serves every
-//! setting, lists included. The readiness checks and the teardown steps, which are
-//! tables in the file, are resolved by a function each.
+//! Settings as data (`settings.rs`): each setting is one entry of a table that
+//! gives its flag, variable, file key, default, help, validation, `--check-config`
+//! line and its row of the configuration reference (`docs/configuration.md`); one
+//! lookup by precedence (`lookup.rs`, which also reads the file) serves every
+//! setting, lists included. The readiness checks
+//! and teardown steps given by flag are settings too; the file gives them as
+//! tables (`[[check]]`, `[[teardown]]`), read when no flag or variable gave any.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -25,16 +27,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgMatches, CommandFactory, Parser};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 
 pub use crate::checks::{Check, CheckKind};
 use crate::drain::SecondSignal;
 use crate::exit;
+pub use crate::proxy::ProxySpec;
 use crate::signals::{RewriteMap, Signal};
 use crate::util::io_word_or_text;
 
+mod lookup;
+pub mod platform;
 mod settings;
-use settings::{FileCheck, FileConfig, Given, Resolver, SETTINGS, env_name, fmt_dur, q, q_list};
+use lookup::{FileCheck, FileConfig, Given, Resolver};
+pub use platform::Platform;
+use settings::{Draft, SETTINGS, Setting, env_name, fmt_dur, q, q_list};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -53,107 +60,79 @@ Exit codes: 0 drained, 2 work abandoned or left unkillable, teardown failed, or 
 request lost (--proxy), N the child's own code (128+S for a signal), 126 cannot
 execute, 127 not found, 64 usage, 78 configuration, 1 internal error.";
 
-/// The raw command line. Values stay strings here; [`load_from`] validates them.
-#[derive(Parser, Debug)]
-#[command(
-    name = "drainit",
-    version,
-    about = "A container init that drains: reaps, forwards signals, serves /healthz and /readyz, \
+/// drainit's command line: one argument per setting of the table of settings (its flag,
+/// value name, help and, for a scalar, the `DRAINIT_*` variable clap reads), then
+/// the arguments that are no setting: `--config`, `--check-config`, `--probe`,
+/// and the command. Values stay strings here; [`load_from`] validates them. The
+/// man page and the shell completions are made from it (`cargo run -p xtask`).
+pub fn command() -> Command {
+    command_with(true)
+}
+
+/// [`command`], with the settings' help texts (`with_help`) or without them: a
+/// command line that parses is parsed the same either way (a help text is no
+/// part of parsing), and building the 26 texts (each with its default, a
+/// string apiece) is work every start would do for a `--help` that rarely
+/// comes. [`load_from`] parses with the lean one and turns to the whole one
+/// for anything clap refuses or answers (`--help`, `--version`, an error).
+fn command_with(with_help: bool) -> Command {
+    // `--help` has always listed drainit's own flags before the log settings.
+    let (app, log) = SETTINGS.split_at(SETTINGS.len() - 2);
+    let arg = |s: &Setting| s.arg(with_help);
+    debug_assert!(log.iter().all(|s| s.key.starts_with("log_")));
+    Command::new("drainit")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(
+            "A container init that drains: reaps, forwards signals, serves /healthz and /readyz, \
              and on SIGTERM fails readiness, waits a pre-drain delay, forwards, and enforces a drain timeout.",
-    after_help = EXAMPLES,
-    override_usage = "drainit [FLAGS] [--] CMD [ARGS...]"
-)]
-pub struct Cli {
-    /// Probe server address (/healthz, /readyz, /metrics), or `off` [default: 0.0.0.0:8079]
-    #[arg(long, env = "DRAINIT_PROBE_ADDR", value_name = "ADDR")]
-    pub probe_addr: Option<String>,
-    /// Beat 2: keep serving this long after the drain signal [default: 5s in Kubernetes or once /readyz was asked, else 0]
-    #[arg(long, env = "DRAINIT_PRE_DRAIN_DELAY", value_name = "DUR")]
-    pub pre_drain_delay: Option<String>,
-    /// Beat 3: how long descendants get after the forward before SIGKILL [default: 20s]
-    #[arg(long, env = "DRAINIT_DRAIN_TIMEOUT", value_name = "DUR")]
-    pub drain_timeout: Option<String>,
-    /// The platform's wait before SIGKILL (Kubernetes terminationGracePeriodSeconds), for the budget check [default: 30s]
-    #[arg(long, env = "DRAINIT_GRACE_PERIOD", value_name = "DUR")]
-    pub grace_period: Option<String>,
-    /// Refuse to start (exit 78) when delay + timeout + teardown does not fit the grace period
-    #[arg(long, env = "DRAINIT_STRICT_BUDGET", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub strict_budget: Option<String>,
-    /// A signal that starts a drain (repeatable; replaces the default TERM, INT, QUIT) [env: DRAINIT_DRAIN_SIGNAL]
-    #[arg(long, value_name = "SIG")]
-    pub drain_signal: Vec<String>,
-    /// What a second drain signal does: skip (cut the pending wait short) or ignore [default: skip]
-    #[arg(long, env = "DRAINIT_SECOND_SIGNAL", value_name = "skip|ignore")]
-    pub second_signal: Option<String>,
-    /// Who receives forwarded signals: the main child, or its process group [default: child]
-    #[arg(long, env = "DRAINIT_FORWARD_TO", value_name = "child|group")]
-    pub forward_to: Option<String>,
-    /// Rewrite a forwarded signal, e.g. TERM:QUIT; TO may be 0 to drop it (repeatable) [env: DRAINIT_REWRITE]
-    #[arg(long, value_name = "FROM:TO")]
-    pub rewrite: Vec<String>,
-    /// Readiness check: a TCP connection to ADDR is accepted (repeatable) [env: DRAINIT_READY_TCP]
-    #[arg(long, value_name = "ADDR")]
-    pub ready_tcp: Vec<String>,
-    /// Readiness check: GET URL answers 200-399 (repeatable) [env: DRAINIT_READY_HTTP]
-    #[arg(long, value_name = "URL")]
-    pub ready_http: Vec<String>,
-    /// Readiness check: the command (shell words, run without a shell) exits 0 (repeatable) [env: DRAINIT_READY_EXEC]
-    #[arg(long, value_name = "CMD")]
-    pub ready_exec: Vec<String>,
-    /// Readiness check: PATH exists (repeatable) [env: DRAINIT_READY_FILE]
-    #[arg(long, value_name = "PATH")]
-    pub ready_file: Vec<String>,
-    /// Readiness through NOTIFY_SOCKET: the app sends READY=1 (systemd's sd_notify protocol)
-    #[arg(long, env = "DRAINIT_READY_NOTIFY", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub ready_notify: Option<String>,
-    /// Timeout of each readiness check [default: 1s]
-    #[arg(long, env = "DRAINIT_CHECK_TIMEOUT", value_name = "DUR")]
-    pub check_timeout: Option<String>,
-    /// How often checks are polled while starting [default: 100ms]
-    #[arg(long, env = "DRAINIT_READY_INTERVAL", value_name = "DUR")]
-    pub ready_interval: Option<String>,
-    /// A teardown step (shell words, run without a shell) after the drain (repeatable, run in order) [env: DRAINIT_TEARDOWN]
-    #[arg(long, value_name = "CMD")]
-    pub teardown: Vec<String>,
-    /// Timeout of each teardown step [default: 5s]
-    #[arg(long, env = "DRAINIT_TEARDOWN_TIMEOUT", value_name = "DUR")]
-    pub teardown_timeout: Option<String>,
-    /// Admission proxy: listen on LISTEN, pass requests to the app at UPSTREAM (each IP:PORT, an IPv6 address in brackets, or localhost:PORT), and keep a request ledger
-    #[arg(long, env = "DRAINIT_PROXY", value_name = "LISTEN=UPSTREAM")]
-    pub proxy: Option<String>,
-    /// With --proxy: at beat 3, close open WebSockets and event streams evenly over DUR (0: all at once) [default: half the drain timeout]
-    #[arg(long, env = "DRAINIT_STREAM_SPREAD", value_name = "DUR")]
-    pub stream_spread: Option<String>,
-    /// With --proxy: requests for exactly PATH on the proxy port are answered by drainit from its readiness (200, or 503 from the drain signal), never sent to the app
-    #[arg(long, env = "DRAINIT_PROXY_HEALTH", value_name = "PATH")]
-    pub proxy_health: Option<String>,
-    /// With --proxy: threads that serve the proxy, 1-64, or auto: half the CPUs drainit may use (affinity and cgroup CPU quota), at least 1, at most 4 [default: auto]
-    #[arg(long, env = "DRAINIT_PROXY_THREADS", value_name = "N")]
-    pub proxy_threads: Option<String>,
-    /// Also write the exit report (JSON) to PATH (atomically when a regular file; its directory must exist)
-    #[arg(long, env = "DRAINIT_REPORT_FILE", value_name = "PATH")]
-    pub report_file: Option<String>,
-    /// Run the command as USER[:GROUP] (names from the image's /etc/passwd and /etc/group, or numbers); drainit itself keeps its own ids
-    #[arg(long, env = "DRAINIT_USER", value_name = "USER[:GROUP]")]
-    pub user: Option<String>,
-    /// TOML configuration file (keys as the flags, snake_case)
-    #[arg(long, env = "DRAINIT_CONFIG", value_name = "PATH")]
-    pub config: Option<PathBuf>,
-    /// Print the resolved configuration and the grace budget, then exit (0, or 78)
-    #[arg(long)]
-    pub check_config: bool,
-    /// Health-check client: GET /readyz or /healthz on the probe address, exit 0 on 200, 1 otherwise (3 s at most); starts nothing
-    #[arg(long, value_name = "readyz|healthz", conflicts_with = "check_config")]
-    pub probe: Option<String>,
-    /// Format of drainit's own log lines on stderr: text or json [default: text]
-    #[arg(long, env = "DRAINIT_LOG_FORMAT", value_name = "text|json")]
-    pub log_format: Option<String>,
-    /// error, warn, info, debug or off [default: info]
-    #[arg(long, env = "DRAINIT_LOG_LEVEL", value_name = "LEVEL")]
-    pub log_level: Option<String>,
-    /// The command to run and its arguments
-    #[arg(trailing_var_arg = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+        )
+        .after_help(EXAMPLES)
+        .override_usage("drainit [FLAGS] [--] CMD [ARGS...]")
+        .args(app.iter().map(arg))
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .env("DRAINIT_CONFIG")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .action(ArgAction::Set)
+                .help("TOML configuration file (keys as the flags, snake_case)"),
+        )
+        .arg(
+            Arg::new("check_config")
+                .long("check-config")
+                .action(ArgAction::SetTrue)
+                .help("Print the resolved configuration and the grace budget, then exit (0, or 78)"),
+        )
+        .arg(
+            Arg::new("probe")
+                .long("probe")
+                .value_name("readyz|healthz")
+                .value_parser(clap::builder::ValueParser::string())
+                .action(ArgAction::Set)
+                .conflicts_with("check_config")
+                .help(
+                    "Health-check client: GET /readyz or /healthz on the probe address, exit 0 on 200, \
+                     1 otherwise (3 s at most); starts nothing",
+                ),
+        )
+        .args(log.iter().map(arg))
+        .arg(
+            Arg::new("command")
+                .value_name("CMD")
+                .value_parser(clap::value_parser!(OsString))
+                .action(ArgAction::Append)
+                .num_args(1..)
+                .trailing_var_arg(true)
+                .help("The command to run and its arguments"),
+        )
+}
+
+/// The table of every flag with its variable, file key, default and meaning, in
+/// Markdown, as `docs/configuration.md` carries it (`cargo run -p xtask --
+/// reference` writes it there; a test fails while the file differs).
+pub fn reference_table() -> String {
+    settings::reference()
 }
 
 /// Where the probe server listens.
@@ -184,6 +163,26 @@ pub struct TeardownStep {
     pub timeout: Duration,
 }
 
+/// What a drain phase does (docs/drain-phases.md).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PhaseAction {
+    /// Runs this argv (no shell), in a process group of its own, with
+    /// `DRAINIT_PHASE_BUDGET_MS` in its environment.
+    Command(Vec<String>),
+    /// POSTs (empty body) to this `http://` URL with a `Drainit-Phase-Budget-Ms`
+    /// header; a status ≥ 400 or no answer is a failure.
+    Post(String),
+}
+
+/// One drain phase (`[[drain.phase]]`, `--drain-phase NAME=CMD`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainPhase {
+    pub name: String,
+    pub action: PhaseAction,
+    /// The longest it may take; `None`: everything left of the phase budget.
+    pub max: Option<Duration>,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -191,7 +190,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// Whether the pre-drain delay applies at T0 (DESIGN §2): the delay exists for
+/// Whether the pre-drain delay applies at T0 (docs/processes-and-signals.md): the delay exists for
 /// load balancers and endpoints that route by drainit's readiness; when nothing
 /// does, waiting only slows `docker stop` and shell tests down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,7 +208,12 @@ pub enum DelayRule {
     Unroutable,
 }
 
-/// The validated configuration.
+/// The validated configuration: what the rest of drainit reads. A field named as
+/// a setting (`drain_timeout`) is set by that setting's entry in the table of
+/// `settings.rs` (which declares its flag, variable, file key, default and
+/// validation); `checks` and `teardown` come from the `--ready-*` and
+/// `--teardown` settings or the file's tables; `check_config`, `probe_client` and
+/// `command` from the arguments that are no setting.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub probe_addr: ProbeAddr,
@@ -219,8 +223,28 @@ pub struct Config {
     pub pre_drain_delay_rule: DelayRule,
     /// Beat 3.
     pub drain_timeout: Duration,
-    /// The platform's grace period (for the budget only).
+    /// The platform's grace period (for the budget only): given, or the
+    /// platform's ([`Platform::grace_period`]).
     pub grace_period: Duration,
+    /// `--grace-period` was given (else it is the platform's).
+    pub grace_period_given: bool,
+    /// `--drain-timeout` was given (else it is the default, maybe fitted).
+    pub drain_timeout_given: bool,
+    /// Where drainit runs (`--platform`, or detected).
+    pub platform: Platform,
+    /// Why: `detected: /.dockerenv exists`, or `as configured`.
+    pub platform_why: String,
+    /// `--platform` was given (not `auto` by default).
+    pub platform_given: bool,
+    /// The defaults not given (delay, phase budget, drain timeout) were shrunk to
+    /// fit the detected platform's grace period.
+    pub fitted: bool,
+    /// The drain phases, in order (docs/drain-phases.md); empty: none.
+    pub phases: Vec<DrainPhase>,
+    /// The phases' shared budget: given, or the sum of their `max` when each has
+    /// one, else 10 s (maybe fitted).
+    pub phase_budget: Duration,
+    pub phase_budget_given: bool,
     pub strict_budget: bool,
     /// Never empty.
     pub drain_signals: Vec<Signal>,
@@ -443,7 +467,7 @@ fn parse_probe_addr(s: &str) -> Result<Option<SocketAddr>, String> {
 }
 
 impl Config {
-    /// Over how long the proxy closes open streams at beat 3 (DESIGN §11.1):
+    /// Over how long the proxy closes open streams at beat 3 (docs/proxy.md, Streams):
     /// `--stream-spread`, by default half the drain timeout; never longer than
     /// the drain timeout (a stream closed after the deadline would be abandoned).
     pub fn stream_spread(&self) -> Duration {
@@ -461,7 +485,7 @@ pub const PROXY_THREADS_AUTO_MAX: usize = 4;
 /// them (the app the proxy serves needs the rest), at least 1, at most
 /// [`PROXY_THREADS_AUTO_MAX`]. On 2 CPUs, 1: on this project's 2-core machine a
 /// second thread cost CPU and throughput and did not lower the added latency
-/// (README, Performance).
+/// (bench/README.md).
 pub fn proxy_threads_auto(cpus: usize) -> usize {
     (cpus / 2).clamp(1, PROXY_THREADS_AUTO_MAX)
 }
@@ -493,16 +517,6 @@ fn parse_proxy_threads(s: &str) -> Result<Option<usize>, String> {
             "'{s}' is not a number of threads from 1 to {PROXY_THREADS_MAX}, or 'auto'"
         )),
     }
-}
-
-/// `--proxy LISTEN=UPSTREAM`: where the admission proxy listens and where the app
-/// listens (DESIGN §11).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProxySpec {
-    /// Bound before the child starts (taken: 78).
-    pub listen: SocketAddr,
-    /// The app, in drainit's network namespace (an IP address, or `localhost`).
-    pub upstream: SocketAddr,
 }
 
 fn parse_proxy(s: &str) -> Result<ProxySpec, String> {
@@ -792,6 +806,11 @@ pub trait Env {
     fn may_have_non_utf8(&self) -> bool {
         true
     }
+    /// Whether the platform marker file at `path` exists (`/.dockerenv`); `false`
+    /// unless the environment is the process's.
+    fn marker(&self, _path: &str) -> bool {
+        false
+    }
 }
 
 /// The process environment, read once ([`ProcessEnv::read`]): a lookup is a scan
@@ -821,6 +840,9 @@ impl Env for ProcessEnv {
     fn get(&self, key: &str) -> Option<String> {
         self.get_os(key)?.into_string().ok()
     }
+    fn marker(&self, path: &str) -> bool {
+        std::path::Path::new(path).exists()
+    }
     /// The first variable named `key`, as `getenv` finds it.
     fn get_os(&self, key: &str) -> Option<OsString> {
         self.vars
@@ -834,36 +856,25 @@ impl Env for ProcessEnv {
     }
 }
 
-/// Every environment variable drainit reads as text: `DRAINIT_<FLAG>` for each
-/// flag that has one (those clap reads, and the lists drainit splits itself),
-/// and the plain-millisecond ones. `DRAINIT_CONFIG` is a path and may be any
-/// bytes.
-fn env_vars(cmd: &clap::Command) -> Vec<String> {
-    let mut vars: Vec<String> = cmd
-        .get_arguments()
-        // A path, opened as given: a file name need not be UTF-8 (as `--config`).
-        .filter(|a| a.get_id() != "config")
-        .filter_map(|a| match a.get_env() {
-            Some(e) => Some(e.to_string_lossy().into_owned()),
-            // The repeatable flags: read by `Resolver::list`.
-            None if !a.is_positional() && matches!(a.get_action(), clap::ArgAction::Append) => {
-                Some(env_name(a.get_id().as_str()))
-            }
-            None => None,
-        })
-        .collect();
-    vars.extend(["PRE_DRAIN_DELAY_MS".into(), "DRAIN_TIMEOUT_MS".into()]);
-    vars
+/// Every environment variable drainit reads as text: `DRAINIT_<FLAG>` of every
+/// setting (those clap reads, and the lists drainit splits itself), and the
+/// plain-millisecond ones. `DRAINIT_CONFIG`, no setting, is a path and may be any
+/// bytes: a file name need not be UTF-8 (as `--config`).
+fn env_vars() -> impl Iterator<Item = String> {
+    let millis = SETTINGS
+        .iter()
+        .filter_map(|s| s.millis_env.map(String::from));
+    SETTINGS.iter().map(|s| env_name(s.key)).chain(millis)
 }
 
 /// A variable drainit reads whose value is not UTF-8 is a configuration error
 /// (78) naming it, whatever else is given: taken as unset, a typo'd or corrupted
-/// value would silently become the default (DESIGN §3).
-fn check_env_utf8(cmd: &clap::Command, env: &dyn Env) -> Result<(), ConfigError> {
+/// value would silently become the default (README, Exit codes).
+fn check_env_utf8(env: &dyn Env) -> Result<(), ConfigError> {
     if !env.may_have_non_utf8() {
         return Ok(());
     }
-    for var in env_vars(cmd) {
+    for var in env_vars() {
         if env.get_os(&var).is_some_and(|v| v.to_str().is_none()) {
             return Err(ConfigError::config(format!(
                 "invalid value in environment variable {var}: not valid UTF-8"
@@ -880,22 +891,27 @@ fn check_env_utf8(cmd: &clap::Command, env: &dyn Env) -> Result<(), ConfigError>
 /// everything else as 64 (command line) or 78 (environment, file) with a message
 /// naming the flag, variable or key.
 pub fn load_from(args: Vec<OsString>, env: &dyn Env) -> Result<Config, ConfigError> {
-    // Built once: the command (every flag with its help) is the largest piece of
-    // work at start-up.
-    let cmd = Cli::command();
-    check_env_utf8(&cmd, env)?;
+    // Built once: the command is the largest piece of work at start-up, so it
+    // is built without the settings' help texts; what clap refuses or answers
+    // (`--help`, `--version`, an error) is asked again of the whole command,
+    // whose answer the user sees.
+    let cmd = command_with(false);
+    check_env_utf8(env)?;
     let m = match cmd.try_get_matches_from(&args) {
         Ok(m) => m,
-        Err(e) => return Err(clap_error(e, &args)),
+        Err(_) => match command().try_get_matches_from(&args) {
+            Ok(m) => m,
+            Err(e) => return Err(clap_error(e, &args)),
+        },
     };
     resolve(Direct::from_matches(&m), &m, env)
 }
 
-/// The [`Cli`] fields [`resolve`] takes as clap parsed them; every setting it
-/// reads from the matches through the resolver (flag, variable, file, default).
-/// Read here rather than by `Cli::from_arg_matches`, which copies the whole
-/// matches and every value to fill fields nothing reads (about 20,000
-/// instructions and 40 allocations at start-up).
+/// The arguments that are no setting, as clap parsed them; every setting
+/// [`resolve`] reads from the matches through the resolver (flag, variable, file,
+/// default). Read one by one, not into a struct of every flag (a derived
+/// `from_arg_matches` copied the whole matches and every value to fill fields
+/// nothing read: about 20,000 instructions and 40 allocations at start-up).
 struct Direct {
     config: Option<PathBuf>,
     check_config: bool,
@@ -920,7 +936,7 @@ impl Direct {
 /// The [`ConfigError`] for an error of clap's: `--help` / `--version` as code 0 with
 /// the text for stdout; a value clap read from `DRAINIT_*` and refused (an empty
 /// `DRAINIT_CONFIG`: clap reads the scalar flags' variables itself) as 78 naming
-/// the variable, like every other environment error (DESIGN §3); anything else as
+/// the variable, like every other environment error (README, Exit codes); anything else as
 /// 64, never clap's own 2, which would read as "abandoned".
 fn clap_error(e: clap::Error, args: &[OsString]) -> ConfigError {
     use clap::error::{ContextKind, ErrorKind};
@@ -938,7 +954,7 @@ fn clap_error(e: clap::Error, args: &[OsString]) -> ConfigError {
             .split([' ', '='])
             .next()?
             .to_string();
-        let cmd = Cli::command();
+        let cmd = command();
         let var = cmd
             .get_arguments()
             .find(|a| a.get_long() == Some(&long))?
@@ -947,7 +963,7 @@ fn clap_error(e: clap::Error, args: &[OsString]) -> ConfigError {
     });
     // From the environment when the same command line without any variable parses.
     let from_env = var.filter(|_| {
-        Cli::command()
+        command()
             .mut_args(|a| a.env(None::<&str>))
             .try_get_matches_from(args)
             .is_ok()
@@ -1052,12 +1068,16 @@ fn resolve(cli: Direct, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigE
         path,
         text,
     };
-    let mut config = Config::unset(cli.check_config, cli.command);
+    let mut draft = Draft {
+        config: Config::unset(cli.check_config, cli.command),
+        flag_checks: None,
+        flag_teardown: None,
+        flag_phases: None,
+    };
     for s in &SETTINGS {
-        (s.set)(&mut config, &r.given(s)?)?;
+        (s.set)(&mut draft, &r.given(s)?)?;
     }
-    config.checks = resolve_checks(&r, config.check_timeout)?;
-    config.teardown = resolve_teardown(&r, config.teardown_timeout)?;
+    let mut config = checks_and_teardown(&r, draft)?;
     if let Some(v) = &cli.probe {
         let path = parse_probe_path(v).map_err(|e| Origin::Flag("probe".into()).error(&e))?;
         config.probe_client = Some(path);
@@ -1089,6 +1109,7 @@ fn resolve(cli: Direct, m: &ArgMatches, env: &dyn Env) -> Result<Config, ConfigE
         config.pre_drain_delay_rule = DelayRule::Unroutable;
         config.pre_drain_delay = Duration::ZERO;
     }
+    fit_to_platform(&mut config);
     if config.strict_budget && !config.budget().fits() {
         return Err(ConfigError::config(format!(
             "the grace budget does not fit (--strict-budget): {}",
@@ -1143,52 +1164,185 @@ fn rewrite_map(g: &Given<'_>) -> Result<RewriteMap, ConfigError> {
     Ok(rewrite)
 }
 
-/// The readiness checks: `--ready-tcp`, `--ready-http`, `--ready-exec`,
-/// `--ready-file` (or their `DRAINIT_*` lists), or, when none of them is given,
-/// the file's `[[check]]` tables. Names are unique.
-fn resolve_checks(r: &Resolver<'_>, check_timeout: Duration) -> Result<Vec<Check>, ConfigError> {
-    let mut checks = Vec::new();
-    let mut any_given = false;
-    for key in ["ready_tcp", "ready_http", "ready_exec", "ready_file"] {
-        let Some(given) = r.list(key) else {
-            continue;
-        };
-        any_given = true;
-        let kinds = given.each(|v| match key {
-            "ready_tcp" => parse_tcp_target(v).map(CheckKind::Tcp),
-            "ready_http" => parse_http_target(v).map(CheckKind::Http),
-            "ready_exec" => parse_words(v).map(CheckKind::Exec),
-            _ => parse_path(v).map(CheckKind::File),
-        })?;
-        let prefix = &key["ready_".len()..];
-        let one = kinds.len() == 1;
-        for (i, kind) in kinds.into_iter().enumerate() {
-            checks.push(Check {
-                name: if one {
-                    prefix.to_string()
-                } else {
-                    format!("{prefix}-{}", i + 1)
-                },
+/// The configuration once every setting is set: the readiness checks given by
+/// `--ready-*` flags or variables (each with `--check-timeout`), else the file's
+/// `[[check]]` tables, with unique names; and the steps of `--teardown` (each with
+/// `--teardown-timeout`), else the file's `[[teardown]]` tables, in order.
+fn checks_and_teardown(r: &Resolver<'_>, draft: Draft) -> Result<Config, ConfigError> {
+    let Draft {
+        mut config,
+        flag_checks,
+        flag_teardown,
+        flag_phases,
+    } = draft;
+    config.checks = match flag_checks {
+        Some(named) => named
+            .into_iter()
+            .map(|(name, kind)| Check {
+                name,
                 kind,
-                timeout: check_timeout,
-            });
-        }
-    }
-    if !any_given {
-        for (i, c) in r.file.check.iter().enumerate() {
-            checks.push(file_check(r, i, c, check_timeout)?);
-        }
-    }
+                timeout: config.check_timeout,
+            })
+            .collect(),
+        None => (r.file.check.iter().enumerate())
+            .map(|(i, c)| file_check(r, i, c, config.check_timeout))
+            .collect::<Result<_, _>>()?,
+    };
     let mut seen = std::collections::HashSet::new();
-    for c in &checks {
-        if !seen.insert(c.name.clone()) {
-            return Err(ConfigError::config(format!(
-                "two readiness checks are named '{}'",
-                c.name
-            )));
-        }
+    if let Some(c) = config.checks.iter().find(|c| !seen.insert(&c.name)) {
+        return Err(ConfigError::config(format!(
+            "two readiness checks are named '{}'",
+            c.name
+        )));
     }
-    Ok(checks)
+    config.teardown = match flag_teardown {
+        Some(argvs) => argvs
+            .into_iter()
+            .map(|argv| TeardownStep {
+                name: step_name(&argv),
+                argv,
+                timeout: config.teardown_timeout,
+            })
+            .collect(),
+        None => file_teardown(r, config.teardown_timeout)?,
+    };
+    config.phases = match flag_phases {
+        Some(phases) => phases,
+        None => file_phases(r)?,
+    };
+    let mut seen = std::collections::HashSet::new();
+    if let Some(p) = config.phases.iter().find(|p| !seen.insert(&p.name)) {
+        return Err(ConfigError::config(format!(
+            "two drain phases are named '{}'",
+            p.name
+        )));
+    }
+    if !config.phase_budget_given {
+        config.phase_budget = match config
+            .phases
+            .iter()
+            .map(|p| p.max)
+            .sum::<Option<Duration>>()
+        {
+            Some(sum) if !config.phases.is_empty() => sum,
+            _ => DEFAULT_PHASE_BUDGET,
+        };
+    }
+    Ok(config)
+}
+
+/// The phase budget when neither `--phase-budget` nor every phase's `max` gives one.
+pub const DEFAULT_PHASE_BUDGET: Duration = Duration::from_secs(10);
+
+/// `--drain-phase NAME=CMD`.
+fn parse_flag_phase(v: &str) -> Result<DrainPhase, String> {
+    let Some((name, cmd)) = v.split_once('=') else {
+        return Err(format!("'{v}' is not NAME=CMD"));
+    };
+    let name = name.trim();
+    check_entry_name(name)?;
+    let argv = parse_words(cmd)?;
+    argv_no_nul(&argv)?;
+    Ok(DrainPhase {
+        name: name.to_string(),
+        action: PhaseAction::Command(argv),
+        max: None,
+    })
+}
+
+/// A `post` URL: `http://HOST:PORT/PATH` (drainit speaks plain HTTP to the app).
+fn parse_post_url(v: &str) -> Result<String, String> {
+    let uri: hyper::Uri = v.parse().map_err(|e| format!("'{v}' is not a URL ({e})"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!("'{v}' is not an http:// URL with a host"));
+    }
+    Ok(v.to_string())
+}
+
+/// The file's `[[drain.phase]]` tables, in order.
+fn file_phases(r: &Resolver<'_>) -> Result<Vec<DrainPhase>, ConfigError> {
+    let mut phases = Vec::new();
+    for (i, p) in r.file.phases().iter().enumerate() {
+        let at =
+            |msg: String| r.entry_error(p.span(), &format!("[[drain.phase]] #{}: {msg}", i + 1));
+        let p = p.get_ref();
+        check_entry_name(&p.name).map_err(at)?;
+        let action = match (&p.command, &p.post) {
+            (Some(argv), None) => {
+                if argv.is_empty() {
+                    return Err(at("command is empty".into()));
+                }
+                argv_no_nul(argv).map_err(|e| at(format!("command: {e}")))?;
+                PhaseAction::Command(argv.clone())
+            }
+            (None, Some(url)) => PhaseAction::Post(
+                parse_post_url(url.get_ref()).map_err(|e| r.at("post", url.span()).error(&e))?,
+            ),
+            _ => return Err(at("give one of command or post".into())),
+        };
+        let max = match &p.max {
+            Some(d) => {
+                Some(parse_timeout(d.get_ref()).map_err(|e| r.at("max", d.span()).error(&e))?)
+            }
+            None => None,
+        };
+        phases.push(DrainPhase {
+            name: p.name.clone(),
+            action,
+            max,
+        });
+    }
+    Ok(phases)
+}
+
+/// On a detected (or named) platform whose grace period was not overridden: the
+/// pre-drain delay, phase budget and drain timeout that were not given shrink, in
+/// proportion, to fit what the given ones leave of the grace period (less the
+/// spare). Outside any known platform nothing changes: the budget is checked (and
+/// warned about) as before.
+fn fit_to_platform(c: &mut Config) {
+    if c.grace_period_given || c.platform == Platform::Unknown {
+        return;
+    }
+    let delay_default = matches!(
+        c.pre_drain_delay_rule,
+        DelayRule::Kubernetes | DelayRule::WhenRouted
+    );
+    let budget_default = !c.phases.is_empty() && !c.phase_budget_given;
+    let b = c.budget();
+    let mut given = b.total();
+    let mut wanted = Vec::new();
+    if delay_default {
+        given -= c.pre_drain_delay;
+        wanted.push(c.pre_drain_delay);
+    }
+    if budget_default {
+        given -= c.phase_budget;
+        wanted.push(c.phase_budget);
+    }
+    if !c.drain_timeout_given {
+        given -= c.drain_timeout;
+        wanted.push(c.drain_timeout);
+    }
+    let room = c
+        .grace_period
+        .saturating_sub(BUDGET_SPARE)
+        .saturating_sub(given);
+    let fitted = platform::fit(&wanted, room);
+    if fitted == wanted {
+        return;
+    }
+    c.fitted = true;
+    let mut fitted = fitted.into_iter();
+    if delay_default {
+        c.pre_drain_delay = fitted.next().expect("one per wanted");
+    }
+    if budget_default {
+        c.phase_budget = fitted.next().expect("one per wanted");
+    }
+    if !c.drain_timeout_given {
+        c.drain_timeout = fitted.next().expect("one per wanted");
+    }
 }
 
 /// A `[[check]]` or `[[teardown]]` name: not empty, and no control character
@@ -1250,23 +1404,11 @@ fn file_check(
     })
 }
 
-/// The teardown steps: `--teardown` (or `DRAINIT_TEARDOWN`), else the file's
-/// `[[teardown]]` tables, in order.
-fn resolve_teardown(
+/// The file's `[[teardown]]` tables, in order.
+fn file_teardown(
     r: &Resolver<'_>,
     teardown_timeout: Duration,
 ) -> Result<Vec<TeardownStep>, ConfigError> {
-    if let Some(given) = r.list("teardown") {
-        let steps = given
-            .each(parse_words)?
-            .into_iter()
-            .map(|argv| TeardownStep {
-                name: step_name(&argv),
-                argv,
-                timeout: teardown_timeout,
-            });
-        return Ok(steps.collect());
-    }
     let mut steps = Vec::new();
     for (i, t) in r.file.teardown.iter().enumerate() {
         let at = |msg: String| r.entry_error(t.span(), &format!("[[teardown]] #{}: {msg}", i + 1));
@@ -1321,11 +1463,17 @@ fn step_name(argv: &[String]) -> String {
     first.rsplit('/').next().unwrap_or(first).to_string()
 }
 
-/// The grace-budget arithmetic of DESIGN §8: what the drain may take at most,
+/// The grace-budget arithmetic of docs/configuration.md: what the drain may take at most,
 /// against what the platform waits before SIGKILL.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Budget {
     pub pre_drain_delay: Duration,
+    /// The phase budget (zero without phases).
+    pub phases: Duration,
+    /// How many phases there are, and 1 s per `command` phase: the cancellation
+    /// one that overran may ignore before it is SIGKILLed.
+    pub phase_count: usize,
+    pub phase_cancel: Duration,
     pub drain_timeout: Duration,
     /// One per step.
     pub teardown: Vec<Duration>,
@@ -1340,7 +1488,10 @@ impl Budget {
     /// rather than overflow.
     pub fn total(&self) -> Duration {
         self.teardown.iter().fold(
-            self.pre_drain_delay.saturating_add(self.drain_timeout),
+            self.pre_drain_delay
+                .saturating_add(self.phases)
+                .saturating_add(self.phase_cancel)
+                .saturating_add(self.drain_timeout),
             |a, d| a.saturating_add(*d),
         )
     }
@@ -1369,10 +1520,18 @@ impl std::fmt::Display for Budget {
                     .join(" + ")
             );
         }
+        let mut phases = String::new();
+        if self.phase_count > 0 {
+            phases = format!(" + {} phase(s) {}", self.phase_count, fmt_dur(self.phases));
+            if !self.phase_cancel.is_zero() {
+                let _ = write!(phases, " + cancel {}", fmt_dur(self.phase_cancel));
+            }
+        }
         write!(
             f,
-            "pre-drain delay {} + drain timeout {} + teardown {}{} = {} of grace period {}",
+            "pre-drain delay {}{} + drain timeout {} + teardown {}{} = {} of grace period {}",
             fmt_dur(self.pre_drain_delay),
+            phases,
             fmt_dur(self.drain_timeout),
             fmt_dur(td),
             steps,
@@ -1390,8 +1549,20 @@ impl std::fmt::Display for Budget {
 impl Config {
     /// The grace budget of this configuration.
     pub fn budget(&self) -> Budget {
+        let commands = self
+            .phases
+            .iter()
+            .filter(|p| matches!(p.action, PhaseAction::Command(_)))
+            .count() as u32;
         Budget {
             pre_drain_delay: self.pre_drain_delay,
+            phases: if self.phases.is_empty() {
+                Duration::ZERO
+            } else {
+                self.phase_budget
+            },
+            phase_count: self.phases.len(),
+            phase_cancel: crate::drain::PHASE_KILL_AFTER * commands,
             drain_timeout: self.drain_timeout,
             teardown: self.teardown.iter().map(|t| t.timeout).collect(),
             grace_period: self.grace_period,
@@ -1404,7 +1575,7 @@ impl Config {
     pub fn render(&self) -> String {
         let mut s = String::new();
         for setting in &SETTINGS {
-            (setting.show)(self, &mut s);
+            (setting.show)(self, setting.key, &mut s);
         }
         for c in &self.checks {
             let _ = writeln!(s, "\n[[check]]\nname = {}", q(&c.name));
@@ -1421,7 +1592,18 @@ impl Config {
             let _ = writeln!(s, "command = {}", q_list(&t.argv));
             let _ = writeln!(s, "timeout = {}", q(&fmt_dur(t.timeout)));
         }
+        for p in &self.phases {
+            let _ = writeln!(s, "\n[[drain.phase]]\nname = {}", q(&p.name));
+            let _ = match &p.action {
+                PhaseAction::Command(argv) => writeln!(s, "command = {}", q_list(argv)),
+                PhaseAction::Post(url) => writeln!(s, "post = {}", q(url)),
+            };
+            if let Some(max) = p.max {
+                let _ = writeln!(s, "max = {}", q(&fmt_dur(max)));
+            }
+        }
         let _ = writeln!(s, "\n# grace budget: {}", self.budget());
+        let _ = writeln!(s, "# {}", self.platform_note());
         s
     }
 
@@ -1434,6 +1616,15 @@ impl Config {
             pre_drain_delay_rule: DelayRule::Explicit,
             drain_timeout: Duration::ZERO,
             grace_period: Duration::ZERO,
+            grace_period_given: false,
+            drain_timeout_given: false,
+            platform: Platform::Unknown,
+            platform_why: String::new(),
+            platform_given: false,
+            fitted: false,
+            phases: Vec::new(),
+            phase_budget: DEFAULT_PHASE_BUDGET,
+            phase_budget_given: false,
             strict_budget: false,
             drain_signals: Vec::new(),
             second_signal: SecondSignal::Skip,
@@ -1458,6 +1649,37 @@ impl Config {
             log_level: log::LevelFilter::Info,
             command,
         }
+    }
+
+    /// The platform, its grace period and what it did to the budget, for the
+    /// budget line at start and `--check-config`: `platform docker (detected:
+    /// /.dockerenv exists); grace period 10s, the platform's default; …`.
+    pub fn platform_note(&self) -> String {
+        let mut s = format!(
+            "platform {} ({})",
+            self.platform.as_str(),
+            self.platform_why
+        );
+        if self.grace_period_given {
+            let _ = write!(
+                s,
+                "; grace period {} as configured",
+                fmt_dur(self.grace_period)
+            );
+        } else {
+            let _ = write!(
+                s,
+                "; grace period {}, the platform's default",
+                fmt_dur(self.grace_period)
+            );
+        }
+        if self.platform == Platform::Systemd {
+            s.push_str(" (drainit extends it at the drain with EXTEND_TIMEOUT_USEC)");
+        }
+        if self.fitted {
+            s.push_str("; the defaults not given were shrunk to fit it");
+        }
+        s
     }
 
     /// Which pre-drain delay applies and why, for the budget line at start and
@@ -1894,6 +2116,9 @@ mod tests {
     fn budget_total_saturates() {
         let b = Budget {
             pre_drain_delay: Duration::MAX,
+            phases: Duration::ZERO,
+            phase_count: 0,
+            phase_cancel: Duration::ZERO,
             drain_timeout: Duration::from_secs(1),
             teardown: vec![Duration::MAX, Duration::from_secs(1)],
             grace_period: Duration::from_secs(30),
@@ -1946,6 +2171,103 @@ mod tests {
         );
         let _ = std::fs::remove_file(p);
         let _ = std::fs::remove_file(p2);
+    }
+
+    #[test]
+    fn drain_phases_come_from_the_file_or_the_flags_and_set_the_budget() {
+        let p = write_file(
+            "phases",
+            "[[drain.phase]]\nname = \"handoff\"\npost = \"http://127.0.0.1:8080/drain/handoff\"\nmax = \"3s\"\n\n\
+             [[drain.phase]]\nname = \"consul\"\ncommand = [\"deregister\", \"web\"]\nmax = \"2s\"\n",
+        );
+        let path = p.to_str().unwrap();
+        let c = load(&["--config", path, "true"], &[]).unwrap();
+        assert_eq!(
+            c.phases,
+            vec![
+                DrainPhase {
+                    name: "handoff".into(),
+                    action: PhaseAction::Post("http://127.0.0.1:8080/drain/handoff".into()),
+                    max: Some(Duration::from_secs(3)),
+                },
+                DrainPhase {
+                    name: "consul".into(),
+                    action: PhaseAction::Command(vec!["deregister".into(), "web".into()]),
+                    max: Some(Duration::from_secs(2)),
+                },
+            ]
+        );
+        assert_eq!(
+            c.phase_budget,
+            Duration::from_secs(5),
+            "the sum of the maxes"
+        );
+        let b = c.budget();
+        assert_eq!(
+            (b.phases, b.phase_cancel, b.total()),
+            (
+                Duration::from_secs(5),
+                Duration::from_secs(1),
+                Duration::from_secs(31)
+            ),
+            "delay 5 + phases 5 + a second per command phase + timeout 20"
+        );
+        // Flags replace the file's tables; without every max, 10 s.
+        let c = load(
+            &[
+                "--config",
+                path,
+                "--drain-phase",
+                "a=sh -c 'exit 0'",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.phases.len(), 1);
+        assert_eq!(c.phases[0].name, "a");
+        assert_eq!(c.phase_budget, DEFAULT_PHASE_BUDGET);
+        let c = load(
+            &["--drain-phase", "a=true", "--phase-budget", "2s", "true"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.phase_budget, Duration::from_secs(2));
+        assert!(
+            c.render()
+                .contains("[[drain.phase]]\nname = \"a\"\ncommand = [\"true\"]")
+        );
+        // Refused: no NAME=, both command and post, a URL that is not http.
+        assert_eq!(
+            load(&["--drain-phase", "true", "true"], &[])
+                .unwrap_err()
+                .code,
+            64
+        );
+        for (name, text, msg) in [
+            (
+                "both",
+                "[[drain.phase]]\nname = \"x\"\ncommand = [\"a\"]\npost = \"http://h:1/\"\n",
+                "give one of command or post",
+            ),
+            (
+                "https",
+                "[[drain.phase]]\nname = \"x\"\npost = \"https://h/\"\n",
+                "is not an http:// URL",
+            ),
+            (
+                "twice",
+                "[[drain.phase]]\nname = \"x\"\ncommand = [\"a\"]\n[[drain.phase]]\nname = \"x\"\ncommand = [\"b\"]\n",
+                "two drain phases are named 'x'",
+            ),
+        ] {
+            let f = write_file(name, text);
+            let e = load(&["--config", f.to_str().unwrap(), "true"], &[]).unwrap_err();
+            assert_eq!(e.code, 78, "{}", e.message);
+            assert!(e.message.contains(msg), "{}", e.message);
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_file(p);
     }
 
     #[test]
@@ -2148,52 +2470,50 @@ mod tests {
         let _ = std::fs::remove_file(p);
     }
 
-    /// Settings as data: every flag of [`Cli`] is a setting of the table with the
-    /// same shape, or one of the few resolved apart; every setting is a flag. A new
-    /// `Cli` field without its entry (or the reverse) fails here.
+    /// Settings as data: the reference's table is generated from the settings;
+    /// `docs/configuration.md` carries it as generated. A setting added, renamed or
+    /// re-documented without `cargo run -p xtask -- docs` fails here.
     #[test]
-    fn every_flag_is_one_setting_of_the_table() {
-        use settings::Shape;
-        // Resolved apart: the checks, the teardown steps, and what is no setting.
-        let apart = [
-            "ready_tcp",
-            "ready_http",
-            "ready_exec",
-            "ready_file",
-            "teardown",
-            "config",
-            "check_config",
-            "probe",
-            "command",
-            "help",
-            "version",
-        ];
-        let cmd = Cli::command();
-        for a in cmd.get_arguments() {
-            let id = a.get_id().as_str();
-            if apart.contains(&id) {
-                continue;
-            }
-            let s = SETTINGS
-                .iter()
-                .find(|s| s.key == id)
-                .unwrap_or_else(|| panic!("--{id} has no entry in SETTINGS"));
-            let repeatable = matches!(a.get_action(), clap::ArgAction::Append);
-            assert_eq!(repeatable, s.shape == Shape::List, "{id}: shape");
-            if !repeatable {
-                assert_eq!(
-                    a.get_env().map(|e| e.to_string_lossy().into_owned()),
-                    Some(env_name(id)),
-                    "{id}: its variable"
-                );
-            }
-        }
+    fn the_configuration_reference_carries_the_generated_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let doc = std::fs::read_to_string(path).expect("docs/configuration.md exists");
+        let table = reference_table();
+        assert!(
+            doc.contains(&table),
+            "docs/configuration.md lacks the table of today's settings: run \
+             `cargo run -p xtask -- reference` (it rewrites the file's table)\n{table}"
+        );
+    }
+
+    /// Every setting is one flag of [`command`] with its variable (clap reads a
+    /// scalar's; a list's is split by the resolver), and every file key but the
+    /// tables is a setting.
+    #[test]
+    fn every_setting_is_one_flag_and_its_variable() {
+        let cmd = command();
         for s in &SETTINGS {
+            let a = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == s.key)
+                .unwrap_or_else(|| panic!("{} has no flag", s.key));
+            assert_eq!(a.get_long(), Some(settings::flag_of(s.key).as_str()));
+            let clap_env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            let want = (s.shape != settings::Shape::List).then(|| env_name(s.key));
+            assert_eq!(clap_env, want, "{}: its variable", s.key);
             assert!(
-                cmd.get_arguments().any(|a| a.get_id() == s.key),
-                "the setting {} has no flag",
+                s.shape == settings::Shape::List || s.file == settings::InFile::Key,
+                "{}: only a list is given by the file's tables",
                 s.key
             );
         }
+        let settings = cmd
+            .get_arguments()
+            .filter(|a| SETTINGS.iter().any(|s| s.key == a.get_id()))
+            .count();
+        assert_eq!(
+            cmd.get_arguments().count() - settings,
+            4,
+            "no setting: --config, --check-config, --probe and the command"
+        );
     }
 }

@@ -1,8 +1,10 @@
-//! The drain: a pure state machine for the phases and beats of DESIGN §1–§3.
+//! The drain: a pure state machine for the phases and beats of docs/processes-and-signals.md and the README's Exit codes.
 //!
 //! Owns: the drain's state (one [`State`] value; the published [`Phase`] is
 //! derived from it), the drain timeline (T0, the forward at T0 + pre-drain delay,
-//! the deadline at T0 + delay + drain timeout), the second-signal rule, the order
+//! the deadline at T0 + delay + drain timeout), the drain phases of docs/drain-phases.md
+//! (after the delay, before the forward: each one's time on the shared budget,
+//! its cancellation, its abandonment, its skip), the second-signal rule, the order
 //! of a signal batch and the main child's exit read with it, the kill's settle
 //! time, the teardown sequence and the exit code.
 //!
@@ -12,9 +14,11 @@
 //! and calls [`Drain::handle`] with [`Event::Tick`] once [`Drain::next_deadline`]
 //! has passed. Every race of the drain is therefore a deterministic unit test: the
 //! tests at the bottom are a table of `(state, event) → (state, actions)`, one row
-//! per rule of DESIGN §2/§3, and properties over random event sequences.
+//! per rule of docs/processes-and-signals.md and the README's Exit codes, and properties over random event sequences.
 //!
-//! Invariant: once a drain signal has been seen, the deadline never moves, and each
+//! Invariant: once a drain signal has been seen, the deadline never moves (but
+//! once, earlier, when the drain phases end: it then counts from their end, never
+//! past T0's bound of delay + phase budget + 1 s + drain timeout), and each
 //! wait is cut short at most once (the second signal); the exit code is decided here
 //! and nowhere else, and [`Action::Exit`] is returned exactly once.
 use std::time::Duration;
@@ -33,7 +37,15 @@ pub const COALESCE: Duration = Duration::from_millis(100);
 /// carrying on regardless (a process in uninterruptible sleep cannot be waited for).
 pub const KILL_SETTLE: Duration = Duration::from_secs(1);
 
-/// The lifecycle phase, as `/readyz` publishes it (DESIGN §1).
+/// A drain phase that overran its time is canceled (SIGTERM to its group); this
+/// long after, if it is still there, it is SIGKILLed and counted `abandoned`
+/// (docs/drain-phases.md).
+pub const PHASE_KILL_AFTER: Duration = Duration::from_secs(1);
+
+/// A drain phase that would get less than this of the phase budget is skipped.
+pub const PHASE_MIN: Duration = Duration::from_millis(100);
+
+/// The lifecycle phase, as `/readyz` publishes it (docs/processes-and-signals.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// The child was spawned; readiness has never passed.
@@ -90,7 +102,7 @@ pub struct Policy {
     /// Beat 2, charged from T0. Skipped when readiness never passed, and with
     /// `delay_needs_routing` when no [`Event::Routed`] came before T0.
     pub pre_drain_delay: Duration,
-    /// The delay is the default outside Kubernetes (DESIGN §2): it applies only
+    /// The delay is the default outside Kubernetes (docs/processes-and-signals.md): it applies only
     /// when something routes by drainit's readiness.
     pub delay_needs_routing: bool,
     /// Beat 3: the deadline is T0 + pre-drain delay + drain timeout. With no drain
@@ -103,11 +115,16 @@ pub struct Policy {
     pub second_signal: SecondSignal,
     /// Applied to everything forwarded, the drain signal at beat 3 included.
     pub rewrite: RewriteMap,
-    /// An admission gate (the proxy, DESIGN §11) carries the app's requests: beat
+    /// An admission gate (the proxy, docs/proxy.md) carries the app's requests: beat
     /// 3 closes admission first, and the drain signal goes on once no request is
     /// in flight ([`Event::RequestsDone`]), or not at all when the deadline comes
     /// first.
     pub admission_gate: bool,
+    /// One entry per drain phase (docs/drain-phases.md), in order: its `max` (`None`:
+    /// everything left of the budget).
+    pub phase_maxes: Vec<Option<Duration>>,
+    /// The phases' shared budget, counted from the first phase's start.
+    pub phase_budget: Duration,
 }
 
 /// After SIGKILL, while the killed processes keep dying (fewer alive at each look),
@@ -145,6 +162,8 @@ pub enum Event {
     TeardownExited { ok: bool },
     /// [`Drain::next_deadline`] has passed.
     Tick,
+    /// The running drain phase ended; `ok`: exit 0, or a status below 400.
+    PhaseExited { ok: bool },
     /// With an admission gate, after [`Action::CloseAdmission`]: no admitted
     /// request is in flight any more.
     RequestsDone,
@@ -196,6 +215,18 @@ pub enum Action {
     CountAlive,
     /// The settle was extended: this many killed processes are still dying.
     StillDying(usize),
+    /// Start drain phase `index`, telling it `budget` (its time, already in the
+    /// next deadline), and log its start.
+    StartPhase { index: usize, budget: Duration },
+    /// Drain phase `i` ran out of time or was cut by a second signal: SIGTERM its
+    /// process group (a `post` is dropped, and ends at once: answer
+    /// [`Event::PhaseExited`]).
+    CancelPhase(usize),
+    /// Drain phase `i` ignored its cancellation: SIGKILL its process group.
+    KillPhase(usize),
+    /// Drain phase `i` ended (or was skipped): its end is the last of
+    /// [`Record::phases`]; log and count it.
+    PhaseEnded(usize),
     /// Start teardown step `i` (its timeout is already in the next deadline).
     StartTeardown(usize),
     /// Teardown step `i` ran out of time: SIGKILL it (its process group).
@@ -230,7 +261,7 @@ impl Reason {
     }
 }
 
-/// drainit's exit code and reason (DESIGN §3).
+/// drainit's exit code and reason (README, Exit codes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub code: i32,
@@ -247,6 +278,45 @@ pub enum StepEnd {
     Cut,
     /// Not run: a second drain signal cut the teardown short before it.
     Skipped,
+}
+
+/// How one drain phase ended (docs/drain-phases.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseEnd {
+    Ok,
+    /// Exit ≠ 0, a status ≥ 400, refused, or it could not be started.
+    Failed,
+    /// It overran its time, was canceled, and ended within [`PHASE_KILL_AFTER`].
+    TimedOut,
+    /// It was canceled by a second drain signal and ended within
+    /// [`PHASE_KILL_AFTER`].
+    Canceled,
+    /// It ignored its cancellation and was SIGKILLed (exit 2).
+    Abandoned,
+    /// Not run: under [`PHASE_MIN`] of the budget left, or a second signal.
+    Skipped,
+}
+
+impl PhaseEnd {
+    /// The word the report, the log and `/metrics` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PhaseEnd::Ok => "ok",
+            PhaseEnd::Failed => "failed",
+            PhaseEnd::TimedOut => "timed_out",
+            PhaseEnd::Canceled => "canceled",
+            PhaseEnd::Abandoned => "abandoned",
+            PhaseEnd::Skipped => "skipped",
+        }
+    }
+}
+
+/// One drain phase, as it ran: its end and its instants (virtual, [`At`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PhaseRun {
+    pub end: PhaseEnd,
+    pub started_at: At,
+    pub ended_at: At,
 }
 
 /// Why the pre-drain delay at T0 is what it is, for the T0 log line.
@@ -293,6 +363,17 @@ pub enum State {
     Ready { routed: bool },
     /// Beat 2: the forward is due at T0 + pre-drain delay.
     PreDrain,
+    /// Beat 2, after the delay: drain phase `i` runs until `until` (its
+    /// `min(max, budget left)`; once `canceled`, [`PHASE_KILL_AFTER`] more).
+    /// `cut`: a second signal canceled it, and the rest are skipped.
+    Phases {
+        i: usize,
+        started_at: At,
+        until: At,
+        canceled: bool,
+        cut: bool,
+        second_used: bool,
+    },
     /// Beat 3 with an admission gate: admission is closed; the drain signal waits
     /// for the requests in flight ([`Event::RequestsDone`]) until the deadline.
     Admission { second_used: bool },
@@ -348,6 +429,12 @@ pub struct Record {
     pub timeline: Timeline,
     /// How each teardown step ended, in order (steps not reached are absent).
     pub teardown: Vec<StepEnd>,
+    /// How each drain phase ended, in order (phases not reached are absent).
+    pub phases: Vec<PhaseRun>,
+    /// When the phase budget runs out (the first phase's start + budget).
+    pub phase_budget_end: Option<At>,
+    /// A second drain signal canceled the phases (the rest are skipped).
+    pub phases_cut: bool,
 }
 
 /// The drain state machine. See the module docs.
@@ -386,6 +473,7 @@ impl Drain {
             State::Starting { .. } => Phase::Starting,
             State::Ready { .. } => Phase::Ready,
             State::PreDrain
+            | State::Phases { .. }
             | State::Admission { .. }
             | State::Waiting { .. }
             | State::Killing { .. }
@@ -471,6 +559,7 @@ impl Drain {
         let t = &self.record.timeline;
         match self.state {
             State::PreDrain => Some(t.t0? + t.pre_drain_delay),
+            State::Phases { until, .. } => Some(until),
             State::Admission { .. } | State::Waiting { .. } => t.deadline,
             State::Killing {
                 until,
@@ -513,6 +602,21 @@ impl Drain {
             .drain_signal
             .unwrap_or(self.policy.drain_signals[0]);
         self.policy.rewrite.apply(s)
+    }
+
+    /// In beat 2 without an admission gate, while the main child lives: when
+    /// the drain signal is due (T0 + the pre-drain delay) and which signal it
+    /// is (after `--rewrite`), for a step that could outlast it (beat 1's walk
+    /// of a large tree) to send it on time. `None` otherwise.
+    pub fn due_forward(&self) -> Option<(At, Signal)> {
+        if !matches!(self.state, State::PreDrain)
+            || self.policy.admission_gate
+            || self.record.child_exit.is_some()
+        {
+            return None;
+        }
+        let t = &self.record.timeline;
+        Some((t.t0? + t.pre_drain_delay, self.outgoing()?))
     }
 
     /// Feeds one event at virtual instant `now`; returns the actions to carry out,
@@ -566,6 +670,25 @@ impl Drain {
                 _ => {}
             },
             Event::Tick => self.on_tick(now, &mut out),
+            Event::PhaseExited { ok } => {
+                if let State::Phases {
+                    i,
+                    started_at,
+                    canceled,
+                    cut,
+                    second_used,
+                    ..
+                } = self.state
+                {
+                    let end = match (ok, canceled, cut) {
+                        (_, true, true) => PhaseEnd::Canceled,
+                        (_, true, false) => PhaseEnd::TimedOut,
+                        (true, false, _) => PhaseEnd::Ok,
+                        (false, false, _) => PhaseEnd::Failed,
+                    };
+                    self.end_phase(now, i, started_at, end, cut, second_used, &mut out);
+                }
+            }
             Event::RequestsDone => {
                 if let State::Admission { second_used } = self.state {
                     self.forward_drain(now, second_used, &mut out);
@@ -596,20 +719,23 @@ impl Drain {
             DelayWhy::Applies | DelayWhy::Routed => self.policy.pre_drain_delay,
             DelayWhy::NeverReady | DelayWhy::NotRouted => Duration::ZERO,
         };
+        let bound = self.phase_bound();
         let r = &mut self.record;
         r.drain_signal = Some(s);
         r.delay_why = Some(why);
         r.timeline.t0 = Some(now);
         r.timeline.pre_drain_delay = delay;
-        r.timeline.deadline = Some(now + delay + self.policy.drain_timeout);
+        // With phases, the deadline is counted from their end (docs/drain-phases.md): at
+        // T0 it is the latest it can be, and it is set when they end.
+        r.timeline.deadline = Some(now + delay + bound + self.policy.drain_timeout);
         out.push(Action::SampleInFlight(Start {
             signal: Some(s),
             pre_drain_delay: delay,
             delay_why: Some(why),
-            to_deadline: delay + self.policy.drain_timeout,
+            to_deadline: delay + bound + self.policy.drain_timeout,
         }));
         if delay.is_zero() {
-            self.close_admission(now, false, out);
+            self.start_phases(now, false, out);
         } else {
             self.state = State::PreDrain;
             // Evidence for a platform that SIGKILLs drainit mid-drain.
@@ -629,7 +755,31 @@ impl Drain {
             return;
         }
         match self.state {
-            State::PreDrain => self.close_admission(now, true, out),
+            State::PreDrain => self.start_phases(now, true, out),
+            State::Phases {
+                i,
+                started_at,
+                canceled,
+                second_used: false,
+                ..
+            } => {
+                self.record.phases_cut = true;
+                self.state = State::Phases {
+                    i,
+                    started_at,
+                    until: if canceled {
+                        self.next_deadline().unwrap_or(now)
+                    } else {
+                        now + PHASE_KILL_AFTER
+                    },
+                    canceled: true,
+                    cut: true,
+                    second_used: true,
+                };
+                if !canceled {
+                    out.push(Action::CancelPhase(i));
+                }
+            }
             // The wait for the requests in flight is cut: the signal goes now.
             State::Admission { second_used: false } => self.forward_drain(now, true, out),
             State::Waiting { second_used: false } => self.kill_all(now, true, out),
@@ -702,7 +852,44 @@ impl Drain {
             _ => return,
         }
         match self.state {
-            State::PreDrain => self.close_admission(now, false, out),
+            State::PreDrain => self.start_phases(now, false, out),
+            State::Phases {
+                i,
+                started_at,
+                canceled: false,
+                cut,
+                second_used,
+                ..
+            } => {
+                self.state = State::Phases {
+                    i,
+                    started_at,
+                    until: now + PHASE_KILL_AFTER,
+                    canceled: true,
+                    cut,
+                    second_used,
+                };
+                out.push(Action::CancelPhase(i));
+            }
+            State::Phases {
+                i,
+                started_at,
+                canceled: true,
+                cut,
+                second_used,
+                ..
+            } => {
+                out.push(Action::KillPhase(i));
+                self.end_phase(
+                    now,
+                    i,
+                    started_at,
+                    PhaseEnd::Abandoned,
+                    cut,
+                    second_used,
+                    out,
+                );
+            }
             State::Admission { second_used } | State::Waiting { second_used } => {
                 self.kill_all(now, second_used, out);
             }
@@ -778,6 +965,101 @@ impl Drain {
         }
     }
 
+    /// The most the phases can take: the budget, and the cancellation of the
+    /// last one (zero without phases).
+    fn phase_bound(&self) -> Duration {
+        if self.policy.phase_maxes.is_empty() {
+            Duration::ZERO
+        } else {
+            self.policy.phase_budget + PHASE_KILL_AFTER
+        }
+    }
+
+    /// The pre-drain delay ended (or was cut): the drain phases run, one after
+    /// another, on one budget; with none (or the main child gone: nothing serves
+    /// any more), beat 3 starts now.
+    fn start_phases(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        if self.policy.phase_maxes.is_empty() || self.record.child_exit.is_some() {
+            return self.end_phases(now, second_used, out);
+        }
+        self.record.phase_budget_end = Some(now + self.policy.phase_budget);
+        self.next_phase(now, 0, second_used, out);
+    }
+
+    /// Starts phase `i`, or skips it (and the next) when under [`PHASE_MIN`] of
+    /// the budget is left; after the last, beat 3.
+    fn next_phase(&mut self, now: At, mut i: usize, second_used: bool, out: &mut Vec<Action>) {
+        let budget_end = self.record.phase_budget_end.unwrap_or(now);
+        while let Some(max) = self.policy.phase_maxes.get(i) {
+            let left = budget_end.saturating_sub(now);
+            if left < PHASE_MIN {
+                self.skip_phase(now, i, out);
+                i += 1;
+                continue;
+            }
+            let budget = max.map_or(left, |m| m.min(left));
+            self.state = State::Phases {
+                i,
+                started_at: now,
+                until: now + budget,
+                canceled: false,
+                cut: false,
+                second_used,
+            };
+            out.push(Action::StartPhase { index: i, budget });
+            return;
+        }
+        self.end_phases(now, second_used, out);
+    }
+
+    fn skip_phase(&mut self, now: At, i: usize, out: &mut Vec<Action>) {
+        self.record.phases.push(PhaseRun {
+            end: PhaseEnd::Skipped,
+            started_at: now,
+            ended_at: now,
+        });
+        out.push(Action::PhaseEnded(i));
+    }
+
+    /// Phase `i` ended (`end`); a cut phase skips the rest.
+    #[allow(clippy::too_many_arguments)]
+    fn end_phase(
+        &mut self,
+        now: At,
+        i: usize,
+        started_at: At,
+        end: PhaseEnd,
+        cut: bool,
+        second_used: bool,
+        out: &mut Vec<Action>,
+    ) {
+        self.record.phases.push(PhaseRun {
+            end,
+            started_at,
+            ended_at: now,
+        });
+        out.push(Action::PhaseEnded(i));
+        if cut {
+            for j in i + 1..self.policy.phase_maxes.len() {
+                self.skip_phase(now, j, out);
+            }
+            self.end_phases(now, second_used, out);
+        } else {
+            self.next_phase(now, i + 1, second_used, out);
+        }
+    }
+
+    /// The phases are over (or there were none): beat 3. With phases, the
+    /// deadline is counted from now (it only comes earlier than T0's bound).
+    fn end_phases(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
+        if self.record.phase_budget_end.is_some() {
+            let t = &mut self.record.timeline;
+            let d = now + self.policy.drain_timeout;
+            t.deadline = Some(t.deadline.map_or(d, |old| old.min(d)));
+        }
+        self.close_admission(now, second_used, out);
+    }
+
     /// Beat 3: with an admission gate, admission closes first and the forward
     /// waits for the requests in flight; without one, the forward is now.
     fn close_admission(&mut self, now: At, second_used: bool, out: &mut Vec<Action>) {
@@ -835,7 +1117,8 @@ impl Drain {
     /// Whether a second drain signal already cut a wait (it cuts at most one).
     fn second_used(&self) -> bool {
         match self.state {
-            State::Admission { second_used }
+            State::Phases { second_used, .. }
+            | State::Admission { second_used }
             | State::Waiting { second_used }
             | State::Killing { second_used, .. }
             | State::Teardown { second_used, .. }
@@ -880,7 +1163,7 @@ impl Drain {
 
     /// At the exit, with an admission gate: the requests lost from T0 on (the
     /// proxy's `unknown` and `abandoned`). A drain that lost a request is not clean
-    /// (exit 2, `abandoned`, DESIGN §11); the outcome already returned by
+    /// (exit 2, `abandoned`, docs/proxy.md); the outcome already returned by
     /// [`Action::Exit`] is recomputed and returned.
     pub fn settle_requests(&mut self, lost: usize) -> Outcome {
         self.record.requests_lost = lost;
@@ -891,10 +1174,11 @@ impl Drain {
         outcome
     }
 
-    /// The exit code and reason for what happened so far (DESIGN §3).
+    /// The exit code and reason for what happened so far (README, Exit codes).
     pub fn outcome(&self) -> Outcome {
         let r = &self.record;
-        let unclean = if r.abandoned > 0 || r.requests_lost > 0 {
+        let phase_abandoned = r.phases.iter().any(|p| p.end == PhaseEnd::Abandoned);
+        let unclean = if r.abandoned > 0 || r.requests_lost > 0 || phase_abandoned {
             Some(Reason::Abandoned)
         } else if r.unkillable > 0 {
             Some(Reason::Unkillable)
@@ -931,7 +1215,7 @@ impl Drain {
 
 #[cfg(test)]
 mod tests {
-    //! The drain's specification, as tables: each row is one rule of DESIGN §2/§3,
+    //! The drain's specification, as tables: each row is one rule of docs/processes-and-signals.md and the README's Exit codes,
     //! `given` the events that lead to a state, `when` one event, `then` the state
     //! and the actions. Then properties over random event sequences.
     use super::*;
@@ -950,10 +1234,12 @@ mod tests {
             second_signal: SecondSignal::Skip,
             rewrite: RewriteMap::default(),
             admission_gate: false,
+            phase_maxes: vec![],
+            phase_budget: ms(10000),
         }
     }
 
-    /// With the proxy (DESIGN §11): beat 3 closes admission before the forward.
+    /// With the proxy (docs/proxy.md): beat 3 closes admission before the forward.
     fn gate() -> Policy {
         Policy {
             admission_gate: true,
@@ -994,6 +1280,27 @@ mod tests {
         Policy {
             teardown_timeouts: vec![ms(1000); n],
             ..policy()
+        }
+    }
+
+    /// Two drain phases (docs/drain-phases.md): the first capped at 1 s, the second
+    /// without `max`, on a 3 s budget.
+    fn phases() -> Policy {
+        Policy {
+            phase_maxes: vec![Some(ms(1000)), None],
+            phase_budget: ms(3000),
+            ..policy()
+        }
+    }
+
+    const fn running(i: usize, started: u64, until: u64) -> State {
+        State::Phases {
+            i,
+            started_at: ms(started),
+            until: ms(until),
+            canceled: false,
+            cut: false,
+            second_used: false,
         }
     }
 
@@ -1137,43 +1444,43 @@ mod tests {
     fn table() -> Vec<Row> {
         let p = policy;
         vec![
-            // §1/§7: phases before the drain.
-            row("§7 readiness passes: starting → ready", p(), &[], (0, Event::ReadinessPassed), State::Ready { routed: false }, vec![]),
-            row("§2 a client asking /readyz is remembered", p(), &[READY], (0, Event::Routed), State::Ready { routed: true }, vec![]),
-            // §2 beat 1.
-            row("§2 beat 1: draining and sampled in one step, nothing forwarded", p(), &[READY], (0, TERM), State::PreDrain, vec![SampleInFlight(START), PartialReport]),
-            row("§2 readiness never passed: the delay is skipped", p(), &[], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), ForwardDrain(Signal::TERM), PartialReport]),
-            row("§2 default delay, not routed: 0", routing(), &[READY], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NotRouted)), ForwardDrain(Signal::TERM), PartialReport]),
-            row("§2 default delay, routed: applies", routing(), &[READY, (0, Event::Routed)], (0, TERM), State::PreDrain, vec![SampleInFlight(Start { delay_why: Some(DelayWhy::Routed), ..START }), PartialReport]),
-            row("§2 a custom drain signal starts the drain", usr1_only(), &[READY], (0, Event::Signal(USR1)), State::PreDrain, vec![SampleInFlight(Start { signal: Some(USR1), ..START }), PartialReport]),
-            // §2 beat 2.
-            row("§2 beat 2: a tick before T0 + delay does nothing", p(), BEAT2, (4999, Event::Tick), State::PreDrain, vec![]),
-            row("§2 beat 2: CONT is forwarded, never ends the delay", p(), BEAT2, (10, Event::Signal(Signal::CONT)), State::PreDrain, vec![Forward(Signal::CONT)]),
-            row("§2 beat 2: the main child's exit waits for the forward", p(), BEAT2, (1000, exited(0)), State::PreDrain, vec![]),
-            row("§2 beat 2: child gone and nothing left: drained at once", p(), &then(BEAT2, &[(1000, exited(3))]), (1000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
-            // §2 beat 3.
-            row("§2 beat 3: forward at T0 + delay", p(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
-            // §11 beat 3 with the proxy: admission closes, the forward waits for the requests.
-            row("§11 beat 3: admission closes at T0 + delay, nothing forwarded", gate(), BEAT2, (5000, Event::Tick), ADMISSION, vec![CloseAdmission]),
-            row("§11 delay 0: admission closes at T0", gate(), &[], (0, TERM), ADMISSION, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), CloseAdmission]),
-            row("§11 no request in flight: the drain signal goes on", gate(), GATE3, (6000, Event::RequestsDone), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
-            row("§11 the forward waits for the requests, not the deadline's clock", gate(), GATE3, (24999, Event::Tick), ADMISSION, vec![]),
-            row("§11 requests still in flight at the deadline: abandoned, SIGKILL", gate(), GATE3, (25000, Event::Tick), killing(25000, None, false), vec![AbandonRequests, KillAll]),
-            row("§11 a second signal cuts the wait for the requests", gate(), GATE3, (6000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
-            row("§11 a second signal after the forward: what is open is abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, Event::RequestsDone)]), (7000, TERM), killing(7000, None, true), vec![AbandonRequests, KillAll]),
-            row("§11 the deadline after a cut wait: abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, TERM)]), (25000, Event::Tick), killing(25000, None, true), vec![AbandonRequests, KillAll]),
-            row("§11 the child went with requests in flight: leftovers get the signal", gate(), GATE3, (6000, exited(1)), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
-            row("§11 the child went in beat 2: no gate to wait for", gate(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
-            row("§11 RequestsDone outside the wait does nothing", gate(), BEAT2, (1000, Event::RequestsDone), State::PreDrain, vec![]),
-            row("§2 beat 3: --rewrite applies to the drain signal", rewrite(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::QUIT), PartialReport]),
-            row("§2 beat 3: the child went in beat 2: what is left gets it", p(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
-            row("§2 beat 3: leftovers get the drain signal at the child's exit", p(), BEAT3, (5100, Event::ChildExited(ChildExit::Signal(Signal::TERM))), WAITING, vec![SignalRemaining(Signal::TERM)]),
-            row("§2 draining until every descendant is gone, while the child lives", p(), BEAT3, (6000, Event::DescendantsGone), WAITING, vec![]),
-            row("§3 every descendant gone before the deadline: 0", p(), CHILD_GONE, (6000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
-            row("§3 the child's own code does not change 0 (143)", p(), &then(BEAT3, &[(5100, exited(143))]), (5100, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
-            row("§2 deadline: SIGKILL what remains", p(), CHILD_GONE, (25000, Event::Tick), killing(25000, None, false), vec![KillAll]),
-            row("§2 the kill reports its count", p(), &then(CHILD_GONE, &[(25000, Event::Tick)]), (25000, Event::Killed(2)), killing(25000, Some(2), false), vec![]),
-            row("§3 abandoned: 2", p(), KILLED, (25010, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            // Lifecycle phases before the drain.
+            row("readiness passes: starting → ready", p(), &[], (0, Event::ReadinessPassed), State::Ready { routed: false }, vec![]),
+            row("a client asking /readyz is remembered", p(), &[READY], (0, Event::Routed), State::Ready { routed: true }, vec![]),
+            // Beat 1.
+            row("beat 1: draining and sampled in one step, nothing forwarded", p(), &[READY], (0, TERM), State::PreDrain, vec![SampleInFlight(START), PartialReport]),
+            row("readiness never passed: the delay is skipped", p(), &[], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), ForwardDrain(Signal::TERM), PartialReport]),
+            row("default delay, not routed: 0", routing(), &[READY], (0, TERM), WAITING, vec![SampleInFlight(skipped(DelayWhy::NotRouted)), ForwardDrain(Signal::TERM), PartialReport]),
+            row("default delay, routed: applies", routing(), &[READY, (0, Event::Routed)], (0, TERM), State::PreDrain, vec![SampleInFlight(Start { delay_why: Some(DelayWhy::Routed), ..START }), PartialReport]),
+            row("a custom drain signal starts the drain", usr1_only(), &[READY], (0, Event::Signal(USR1)), State::PreDrain, vec![SampleInFlight(Start { signal: Some(USR1), ..START }), PartialReport]),
+            // Beat 2.
+            row("beat 2: a tick before T0 + delay does nothing", p(), BEAT2, (4999, Event::Tick), State::PreDrain, vec![]),
+            row("beat 2: CONT is forwarded, never ends the delay", p(), BEAT2, (10, Event::Signal(Signal::CONT)), State::PreDrain, vec![Forward(Signal::CONT)]),
+            row("beat 2: the main child's exit waits for the forward", p(), BEAT2, (1000, exited(0)), State::PreDrain, vec![]),
+            row("beat 2: child gone and nothing left: drained at once", p(), &then(BEAT2, &[(1000, exited(3))]), (1000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            // Beat 3.
+            row("beat 3: forward at T0 + delay", p(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            // Beat 3 with the proxy: admission closes, the forward waits for the requests.
+            row("beat 3: admission closes at T0 + delay, nothing forwarded", gate(), BEAT2, (5000, Event::Tick), ADMISSION, vec![CloseAdmission]),
+            row("delay 0: admission closes at T0", gate(), &[], (0, TERM), ADMISSION, vec![SampleInFlight(skipped(DelayWhy::NeverReady)), CloseAdmission]),
+            row("no request in flight: the drain signal goes on", gate(), GATE3, (6000, Event::RequestsDone), WAITING, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("the forward waits for the requests, not the deadline's clock", gate(), GATE3, (24999, Event::Tick), ADMISSION, vec![]),
+            row("requests still in flight at the deadline: abandoned, SIGKILL", gate(), GATE3, (25000, Event::Tick), killing(25000, None, false), vec![AbandonRequests, KillAll]),
+            row("a second signal cuts the wait for the requests", gate(), GATE3, (6000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("a second signal after the forward: what is open is abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, Event::RequestsDone)]), (7000, TERM), killing(7000, None, true), vec![AbandonRequests, KillAll]),
+            row("the deadline after a cut wait: abandoned, SIGKILL", gate(), &then(GATE3, &[(6000, TERM)]), (25000, Event::Tick), killing(25000, None, true), vec![AbandonRequests, KillAll]),
+            row("the child went with requests in flight: leftovers get the signal", gate(), GATE3, (6000, exited(1)), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("the child went in beat 2: no gate to wait for", gate(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("RequestsDone outside the wait does nothing", gate(), BEAT2, (1000, Event::RequestsDone), State::PreDrain, vec![]),
+            row("beat 3: --rewrite applies to the drain signal", rewrite(), BEAT2, (5000, Event::Tick), WAITING, vec![ForwardDrain(Signal::QUIT), PartialReport]),
+            row("beat 3: the child went in beat 2: what is left gets it", p(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("beat 3: leftovers get the drain signal at the child's exit", p(), BEAT3, (5100, Event::ChildExited(ChildExit::Signal(Signal::TERM))), WAITING, vec![SignalRemaining(Signal::TERM)]),
+            row("draining until every descendant is gone, while the child lives", p(), BEAT3, (6000, Event::DescendantsGone), WAITING, vec![]),
+            row("every descendant gone before the deadline: 0", p(), CHILD_GONE, (6000, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("the child's own code does not change 0 (143)", p(), &then(BEAT3, &[(5100, exited(143))]), (5100, Event::DescendantsGone), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("deadline: SIGKILL what remains", p(), CHILD_GONE, (25000, Event::Tick), killing(25000, None, false), vec![KillAll]),
+            row("the kill reports its count", p(), &then(CHILD_GONE, &[(25000, Event::Tick)]), (25000, Event::Killed(2)), killing(25000, Some(2), false), vec![]),
+            row("abandoned: 2", p(), KILLED, (25010, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
             // The kill's settle.
             row("settle over: count what is still dying", p(), KILLED, (26000, Event::Tick), State::Killing { until: ms(26000), killed_at: ms(25000), alive: Some(2), counting: true, second_used: false }, vec![CountAlive]),
             row("settle: fewer alive than before: extended", p(), &then(KILLED, &[(26000, Event::Tick)]), (26000, Event::Alive(Some(1))), State::Killing { until: ms(27000), killed_at: ms(25000), alive: Some(1), counting: false, second_used: false }, vec![StillDying(1)]),
@@ -1181,46 +1488,101 @@ mod tests {
             row("settle: /proc unreadable: go on", p(), &then(KILLED, &[(26000, Event::Tick)]), (26000, Event::Alive(None)), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
             row("settle: never longer than SETTLE_MAX after the kill", p(), KILLED, (35000, Event::Tick), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
             row("settle: an unreapable main child does not hold drainit", p(), &then(BEAT3, &[(25000, Event::Tick), (25000, Event::Killed(1))]), (26000, Event::Tick), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
-            row("§3 unkillable: not clean, not abandoned", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(0)), (26000, Event::Tick)]), (26000, Event::Alive(Some(1))), State::Exited(Outcome { code: 2, reason: Reason::Unkillable }), vec![Exit(Outcome { code: 2, reason: Reason::Unkillable })]),
-            row("§3 abandoned outranks unkillable", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(2))]), (25100, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
-            // §2 the second signal.
-            row("§2 second signal in beat 2: forward now", p(), BEAT2, (2000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
-            row("§2 a third signal changes nothing", p(), &then(BEAT2, &[(2000, TERM)]), (3000, TERM), CUT, vec![]),
-            row("§2 second signal in beat 3: SIGKILL now", p(), BEAT3, (5500, TERM), killing(5500, None, true), vec![KillAll]),
-            row("§3 killed by a second signal: abandoned, 2", p(), &then(BEAT3, &[(5500, TERM), (5600, Event::Killed(1)), (5601, Event::ChildExited(ChildExit::Signal(Signal::KILL)))]), (5602, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
-            row("§2 within 100 ms of the first: counts as the first", p(), BEAT2, (50, Event::Signal(Signal::QUIT)), State::PreDrain, vec![]),
-            row("§2 within 100 ms, delay skipped: no instant kill", p(), &[(0, TERM)], (99, TERM), WAITING, vec![]),
-            row("§2 100 ms after T0 it is a second signal", p(), &[(0, TERM)], (100, TERM), killing(100, None, true), vec![KillAll]),
+            row("unkillable: not clean, not abandoned", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(0)), (26000, Event::Tick)]), (26000, Event::Alive(Some(1))), State::Exited(Outcome { code: 2, reason: Reason::Unkillable }), vec![Exit(Outcome { code: 2, reason: Reason::Unkillable })]),
+            row("abandoned outranks unkillable", p(), &then(CHILD_GONE, &[(25000, Event::Tick), (25000, Event::Unkillable(1)), (25000, Event::Killed(2))]), (25100, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            // The second signal.
+            row("second signal in beat 2: forward now", p(), BEAT2, (2000, TERM), CUT, vec![ForwardDrain(Signal::TERM), PartialReport]),
+            row("a third signal changes nothing", p(), &then(BEAT2, &[(2000, TERM)]), (3000, TERM), CUT, vec![]),
+            row("second signal in beat 3: SIGKILL now", p(), BEAT3, (5500, TERM), killing(5500, None, true), vec![KillAll]),
+            row("killed by a second signal: abandoned, 2", p(), &then(BEAT3, &[(5500, TERM), (5600, Event::Killed(1)), (5601, Event::ChildExited(ChildExit::Signal(Signal::KILL)))]), (5602, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("within 100 ms of the first: counts as the first", p(), BEAT2, (50, Event::Signal(Signal::QUIT)), State::PreDrain, vec![]),
+            row("within 100 ms, delay skipped: no instant kill", p(), &[(0, TERM)], (99, TERM), WAITING, vec![]),
+            row("100 ms after T0 it is a second signal", p(), &[(0, TERM)], (100, TERM), killing(100, None, true), vec![KillAll]),
             row("--second-signal ignore: beat 2 goes on", ignore(), BEAT2, (1000, TERM), State::PreDrain, vec![]),
             row("--second-signal ignore: beat 3 goes on", ignore(), BEAT3, (6000, TERM), WAITING, vec![]),
-            // §2 signals that are not drain signals.
-            row("§5 forwarded, rewritten", rewrite(), &[READY], (0, Event::Signal(Signal::HUP)), State::Ready { routed: false }, vec![Forward(USR1)]),
-            row("§5 rewritten to 0: dropped", rewrite(), &[READY], (0, Event::Signal(WINCH)), State::Ready { routed: false }, vec![]),
-            row("§2 not a drain signal in this set: forwarded", usr1_only(), &[READY], (0, TERM), State::Ready { routed: false }, vec![Forward(Signal::TERM)]),
-            // §2/§3 no drain signal: the main child exits by itself.
-            row("§2 child exits by itself: stopping, leftovers signalled", p(), &[READY], (100, exited(7)), WAITING, vec![SampleInFlight(STOP), SignalRemaining(Signal::TERM)]),
-            row("§3 child exited by itself: its code", p(), &[READY, (0, exited(7))], (50, Event::DescendantsGone), State::Exited(child(7)), vec![Exit(child(7))]),
-            row("§3 killed by a signal: 128 + S", p(), &[READY, (0, Event::ChildExited(ChildExit::Signal(Signal::KILL)))], (50, Event::DescendantsGone), State::Exited(child(137)), vec![Exit(child(137))]),
-            row("§2 stop window: SIGKILL at exit + drain timeout", p(), STOPPING, (20000, Event::Tick), killing(20000, None, false), vec![KillAll]),
-            row("§3 exit 0 with abandoned work: 2", p(), &then(STOPPING, &[(20000, Event::Tick), (20000, Event::Killed(1))]), (20001, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
-            row("§3 a crash outranks abandoned work", p(), &[READY, (0, exited(3)), (20000, Event::Tick), (20000, Event::Killed(1))], (20001, Event::DescendantsGone), State::Exited(child(3)), vec![Exit(child(3))]),
-            row("§2 drain signal while stopping acts as a second signal", p(), STOPPING, (500, TERM), killing(500, None, true), vec![KillAll]),
-            // §2 teardown.
-            row("§2 teardown starts when the drain is over", teardown(2), &then(CHILD_GONE, &[]), (5100, Event::DescendantsGone), step(0, 6100), vec![StartTeardown(0)]),
-            row("§2 teardown runs in order", teardown(2), TEARDOWN, (5200, Event::TeardownExited { ok: true }), step(1, 6200), vec![StartTeardown(1)]),
-            row("§2 after the last step: the sweep", teardown(2), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, Event::TeardownExited { ok: true }), State::Sweep, vec![KillAll]),
-            row("§3 clean sweep: 0", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(0)), State::Exited(DRAINED), vec![Exit(DRAINED)]),
-            row("§3 a daemon left by teardown is abandoned: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(1)), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
-            row("§3 a failed step: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: false })]), (5200, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
-            row("§2 a step out of time is killed", teardown(1), TEARDOWN, (6100, Event::Tick), State::TeardownKilled { step: 0, until: ms(7100), second_used: false }, vec![KillTeardown(0)]),
-            row("§2 a killed step reaped: next", teardown(1), &then(TEARDOWN, &[(6100, Event::Tick)]), (6110, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
-            row("§2 a killed step never reaped: next after the settle", teardown(2), &then(TEARDOWN, &[(6100, Event::Tick)]), (7100, Event::Tick), step(1, 8100), vec![StartTeardown(1)]),
-            row("§2 second signal in teardown cuts the step", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, TERM), State::TeardownKilled { step: 1, until: ms(6300), second_used: true }, vec![KillTeardown(1)]),
-            row("§2 a cut step: the rest is skipped", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true }), (5300, TERM)]), (5310, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
-            row("§3 teardown failed after a clean exit: 2", teardown(1), &[READY, (0, exited(0)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
-            row("§3 teardown failed after a crash: the crash's code", teardown(1), &[READY, (0, exited(5)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(child(5)), vec![Exit(child(5))]),
+            // Signals that are not drain signals.
+            row("forwarded, rewritten", rewrite(), &[READY], (0, Event::Signal(Signal::HUP)), State::Ready { routed: false }, vec![Forward(USR1)]),
+            row("rewritten to 0: dropped", rewrite(), &[READY], (0, Event::Signal(WINCH)), State::Ready { routed: false }, vec![]),
+            row("not a drain signal in this set: forwarded", usr1_only(), &[READY], (0, TERM), State::Ready { routed: false }, vec![Forward(Signal::TERM)]),
+            // No drain signal: the main child exits by itself.
+            row("child exits by itself: stopping, leftovers signalled", p(), &[READY], (100, exited(7)), WAITING, vec![SampleInFlight(STOP), SignalRemaining(Signal::TERM)]),
+            row("child exited by itself: its code", p(), &[READY, (0, exited(7))], (50, Event::DescendantsGone), State::Exited(child(7)), vec![Exit(child(7))]),
+            row("killed by a signal: 128 + S", p(), &[READY, (0, Event::ChildExited(ChildExit::Signal(Signal::KILL)))], (50, Event::DescendantsGone), State::Exited(child(137)), vec![Exit(child(137))]),
+            row("stop window: SIGKILL at exit + drain timeout", p(), STOPPING, (20000, Event::Tick), killing(20000, None, false), vec![KillAll]),
+            row("exit 0 with abandoned work: 2", p(), &then(STOPPING, &[(20000, Event::Tick), (20000, Event::Killed(1))]), (20001, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("a crash outranks abandoned work", p(), &[READY, (0, exited(3)), (20000, Event::Tick), (20000, Event::Killed(1))], (20001, Event::DescendantsGone), State::Exited(child(3)), vec![Exit(child(3))]),
+            row("drain signal while stopping acts as a second signal", p(), STOPPING, (500, TERM), killing(500, None, true), vec![KillAll]),
+            // Teardown.
+            row("teardown starts when the drain is over", teardown(2), &then(CHILD_GONE, &[]), (5100, Event::DescendantsGone), step(0, 6100), vec![StartTeardown(0)]),
+            row("teardown runs in order", teardown(2), TEARDOWN, (5200, Event::TeardownExited { ok: true }), step(1, 6200), vec![StartTeardown(1)]),
+            row("after the last step: the sweep", teardown(2), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, Event::TeardownExited { ok: true }), State::Sweep, vec![KillAll]),
+            row("clean sweep: 0", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(0)), State::Exited(DRAINED), vec![Exit(DRAINED)]),
+            row("a daemon left by teardown is abandoned: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5200, Event::Killed(1)), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
+            row("a failed step: 2", teardown(1), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: false })]), (5200, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
+            row("a step out of time is killed", teardown(1), TEARDOWN, (6100, Event::Tick), State::TeardownKilled { step: 0, until: ms(7100), second_used: false }, vec![KillTeardown(0)]),
+            row("a killed step reaped: next", teardown(1), &then(TEARDOWN, &[(6100, Event::Tick)]), (6110, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
+            row("a killed step never reaped: next after the settle", teardown(2), &then(TEARDOWN, &[(6100, Event::Tick)]), (7100, Event::Tick), step(1, 8100), vec![StartTeardown(1)]),
+            row("second signal in teardown cuts the step", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true })]), (5300, TERM), State::TeardownKilled { step: 1, until: ms(6300), second_used: true }, vec![KillTeardown(1)]),
+            row("a cut step: the rest is skipped", teardown(3), &then(TEARDOWN, &[(5200, Event::TeardownExited { ok: true }), (5300, TERM)]), (5310, Event::TeardownExited { ok: false }), State::Sweep, vec![KillAll]),
+            row("teardown failed after a clean exit: 2", teardown(1), &[READY, (0, exited(0)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(TEARDOWN_FAILED), vec![Exit(TEARDOWN_FAILED)]),
+            row("teardown failed after a crash: the crash's code", teardown(1), &[READY, (0, exited(5)), (1, Event::DescendantsGone), (2, Event::TeardownExited { ok: false })], (2, Event::Killed(0)), State::Exited(child(5)), vec![Exit(child(5))]),
+            // Drain phases.
+            row("T0 with phases: the deadline is the latest it can be", phases(), &[READY], (0, TERM), State::PreDrain, vec![SampleInFlight(Start { to_deadline: ms(29000), ..START }), PartialReport]),
+            row("phases start when the delay ends, min(max, budget left)", phases(), BEAT2, (5000, Event::Tick), running(0, 5000, 6000), vec![StartPhase { index: 0, budget: ms(1000) }]),
+            row("the next one gets what is left of the budget", phases(), &then(BEAT2, &[(5000, Event::Tick)]), (5400, Event::PhaseExited { ok: true }), running(1, 5400, 8000), vec![PhaseEnded(0), StartPhase { index: 1, budget: ms(2600) }]),
+            row("a failure does not stop the next", phases(), &then(BEAT2, &[(5000, Event::Tick)]), (5400, Event::PhaseExited { ok: false }), running(1, 5400, 8000), vec![PhaseEnded(0), StartPhase { index: 1, budget: ms(2600) }]),
+            row("an overrun is canceled", phases(), &then(BEAT2, &[(5000, Event::Tick)]), (6000, Event::Tick), State::Phases { i: 0, started_at: ms(5000), until: ms(7000), canceled: true, cut: false, second_used: false }, vec![CancelPhase(0)]),
+            row("one that ignores its cancellation is abandoned a second later", phases(), &then(BEAT2, &[(5000, Event::Tick), (6000, Event::Tick)]), (7000, Event::Tick), running(1, 7000, 8000), vec![KillPhase(0), PhaseEnded(0), StartPhase { index: 1, budget: ms(1000) }]),
+            row("under 100 ms left: skipped; then beat 3", Policy { phase_budget: ms(1000), ..phases() }, &then(BEAT2, &[(5000, Event::Tick), (6000, Event::Tick)]), (6950, Event::PhaseExited { ok: false }), WAITING, vec![PhaseEnded(0), PhaseEnded(1), ForwardDrain(Signal::TERM), PartialReport]),
+            row("the last phase's end: admission closes (with the gate)", Policy { admission_gate: true, ..phases() }, &then(BEAT2, &[(5000, Event::Tick), (5400, Event::PhaseExited { ok: true })]), (5500, Event::PhaseExited { ok: true }), ADMISSION, vec![PhaseEnded(1), CloseAdmission]),
+            row("a second signal cancels the running phase", phases(), &then(BEAT2, &[(5000, Event::Tick)]), (5200, TERM), State::Phases { i: 0, started_at: ms(5000), until: ms(6200), canceled: true, cut: true, second_used: true }, vec![CancelPhase(0)]),
+            row("... and skips the rest once it ended", phases(), &then(BEAT2, &[(5000, Event::Tick), (5200, TERM)]), (5300, Event::PhaseExited { ok: false }), CUT, vec![PhaseEnded(0), PhaseEnded(1), ForwardDrain(Signal::TERM), PartialReport]),
+            row("a second signal in the delay: the phases run at once", phases(), BEAT2, (2000, TERM), State::Phases { i: 0, started_at: ms(2000), until: ms(3000), canceled: false, cut: false, second_used: true }, vec![StartPhase { index: 0, budget: ms(1000) }]),
+            row("the child gone in the delay: no phase runs", phases(), &then(BEAT2, &[(1000, exited(0))]), (5000, Event::Tick), WAITING, vec![SignalRemaining(Signal::TERM), PartialReport]),
+            row("an abandoned phase: 2", phases(), &then(BEAT2, &[(5000, Event::Tick), (6000, Event::Tick), (7000, Event::Tick), (7100, Event::PhaseExited { ok: true }), (7100, exited(0))]), (7100, Event::DescendantsGone), State::Exited(ABANDONED), vec![Exit(ABANDONED)]),
             row("exactly one exit: nothing after it", p(), &then(CHILD_GONE, &[(6000, Event::DescendantsGone)]), (7000, TERM), State::Exited(DRAINED), vec![]),
         ]
+    }
+
+    #[test]
+    fn the_phases_record_and_the_deadline_from_their_end() {
+        let p = Policy {
+            phase_budget: ms(1000),
+            ..phases()
+        };
+        let d = machine(
+            p,
+            &then(
+                BEAT2,
+                &[
+                    (5000, Event::Tick),
+                    (6000, Event::Tick),
+                    (6950, Event::PhaseExited { ok: false }),
+                ],
+            ),
+        );
+        let r = d.record();
+        assert_eq!(
+            r.phases,
+            vec![
+                PhaseRun {
+                    end: PhaseEnd::TimedOut,
+                    started_at: ms(5000),
+                    ended_at: ms(6950)
+                },
+                PhaseRun {
+                    end: PhaseEnd::Skipped,
+                    started_at: ms(6950),
+                    ended_at: ms(6950)
+                },
+            ]
+        );
+        assert_eq!(
+            r.timeline.deadline,
+            Some(ms(26950)),
+            "drain timeout from the phases' end"
+        );
+        assert_eq!(d.phase(), Phase::Draining);
     }
 
     #[test]
@@ -1237,7 +1599,36 @@ mod tests {
         }
     }
 
-    /// The phase `/readyz` publishes, per state (DESIGN §1).
+    /// Beat 2 says when and which drain signal is due (for a walk that would
+    /// outlast it), and nothing once it went, with an admission gate, or with
+    /// no pre-drain delay.
+    #[test]
+    fn the_due_forward_is_beat_2s() {
+        let d = machine(policy(), BEAT2);
+        assert_eq!(d.due_forward(), Some((ms(5000), Signal::TERM)));
+        let d = machine(rewrite(), BEAT2);
+        assert_eq!(
+            d.due_forward(),
+            Some((ms(5000), Signal::QUIT)),
+            "after --rewrite"
+        );
+        assert_eq!(machine(policy(), BEAT3).due_forward(), None, "forwarded");
+        assert_eq!(
+            machine(gate(), BEAT2).due_forward(),
+            None,
+            "the gate decides"
+        );
+        assert_eq!(machine(policy(), &[READY]).due_forward(), None, "no drain");
+        let mut no_delay = policy();
+        no_delay.pre_drain_delay = Duration::ZERO;
+        assert_eq!(
+            machine(no_delay, BEAT2).due_forward(),
+            None,
+            "forwarded at T0"
+        );
+    }
+
+    /// The phase `/readyz` publishes, per state (docs/processes-and-signals.md).
     #[test]
     fn the_phase_table() {
         let p = policy;
@@ -1378,6 +1769,7 @@ mod tests {
                 1 => any::<bool>().prop_map(|ok| Event::TeardownExited { ok }),
                 4 => Just(Event::Tick),
                 1 => Just(Event::RequestsDone),
+                1 => any::<bool>().prop_map(|ok| Event::PhaseExited { ok }),
             ]
         }
 
@@ -1389,19 +1781,24 @@ mod tests {
                 0..3usize,
                 any::<bool>(),
                 any::<bool>(),
+                proptest::collection::vec(prop_oneof![Just(None), Just(Some(ms(400)))], 0..3),
             )
-                .prop_map(|(delay, routing, timeout, steps, ignore, gate)| Policy {
-                    pre_drain_delay: ms(delay),
-                    delay_needs_routing: routing,
-                    drain_timeout: ms(timeout),
-                    teardown_timeouts: vec![ms(500); steps],
-                    second_signal: if ignore {
-                        SecondSignal::Ignore
-                    } else {
-                        SecondSignal::Skip
-                    },
-                    admission_gate: gate,
-                    ..policy()
+                .prop_map(|(delay, routing, timeout, steps, ignore, gate, phases)| {
+                    Policy {
+                        phase_maxes: phases,
+                        phase_budget: ms(1000),
+                        pre_drain_delay: ms(delay),
+                        delay_needs_routing: routing,
+                        drain_timeout: ms(timeout),
+                        teardown_timeouts: vec![ms(500); steps],
+                        second_signal: if ignore {
+                            SecondSignal::Ignore
+                        } else {
+                            SecondSignal::Skip
+                        },
+                        admission_gate: gate,
+                        ..policy()
+                    }
                 })
         }
 
@@ -1434,10 +1831,16 @@ mod tests {
                 let t = r.timeline;
                 // A second signal in beat 2 cuts it (with the gate, it closes
                 // admission early and the forward may follow before T0 + delay).
-                self.cut_beat2 |= second && before == State::PreDrain;
-                // A deadline (and T0) is never moved.
+                self.cut_beat2 |=
+                    second && (before == State::PreDrain || matches!(before, State::Phases { .. }));
+                // A deadline (and T0) is never moved, but when the drain phases
+                // end: it is then counted from there, and only comes earlier.
                 if deadline.is_some() {
-                    assert_eq!(t.deadline, deadline, "the deadline moved on {e:?}");
+                    if matches!(before, State::Phases { .. }) {
+                        assert!(t.deadline <= deadline, "the deadline moved later on {e:?}");
+                    } else {
+                        assert_eq!(t.deadline, deadline, "the deadline moved on {e:?}");
+                    }
                     assert_eq!(t.t0, t0);
                 }
                 let mut follow = Vec::new();
@@ -1477,6 +1880,7 @@ mod tests {
                             assert_eq!(self.exits, 1, "exactly one exit");
                             let clean = r.abandoned == 0
                                 && r.unkillable == 0
+                                && r.phases.iter().all(|p| p.end != PhaseEnd::Abandoned)
                                 && r.teardown.iter().all(|s| *s == StepEnd::Ok);
                             if o.code == 0 {
                                 assert!(clean, "0 with unclean work: {r:?}");

@@ -1,32 +1,27 @@
 //! The driver, the event loop: wake-ups (signals, reaped statuses, timers, a
-//! teardown step's end) → events for the drain state machine → its actions →
-//! effects on the process tree (through [`crate::tree::Tree`], which makes the
-//! system calls), the published phase, the ledger and the report.
+//! teardown step's end, readiness, a client asking `/readyz`) → events for the
+//! drain state machine → its actions → effects: on the process tree (through
+//! [`AppTree`], which decides who gets each signal and sends it), the published
+//! phase, the proxy's gate and the report.
 //!
-//! Owns: the one task that reaps, and every request to signal. It runs on a
-//! single-threaded tokio runtime; the probe server and the readiness poller are
-//! other tasks on the same thread that only read what this loop publishes.
+//! Owns: the one task that reaps, the order of each step (beat 1's line before
+//! the forward's), and the timers (progress lines, the outsiders' poll). It runs
+//! on a single-threaded tokio runtime; the probe server and the readiness poller
+//! are other tasks on the same thread that only read what this loop publishes.
 //!
 //! Must not: decide policy (that is `drain.rs`: the order of a signal batch, when
 //! to forward, to kill, to extend the kill's settle, to write a partial report,
-//! the exit code), or await between reading a drain
-//! signal and publishing `draining` (beat 1 is one synchronous step). After the
-//! spawn nothing leaves this loop but the planned exit: errors are logged and the
-//! loop carries on (catatonit's second error regime).
+//! the exit code), decide or send a signal (that is `tree.rs`), or await between
+//! reading a drain signal and publishing `draining` (beat 1 is one synchronous
+//! step). After the spawn nothing leaves this loop but the planned exit: errors
+//! are logged and the loop carries on (catatonit's second error regime).
 //!
-//! Invariant: a pid is signalled only while it is known alive and unreaped: the
-//! `/proc` read and the `kill` happen in one synchronous step, with no reap in
-//! between, and every process gets the drain signal from drainit at most once.
-//!
-//! Signal first, account after: the forward and the SIGKILL are sent before any
-//! walk of `/proc` that only counts (a tree of thousands of processes or zombies
-//! takes tens of milliseconds to read), and the report's times are the instants
-//! the signals were sent. "No descendant left" is proven, never inferred from a
-//! walk that may miss a process forked while its parent exited
-//! (`Driver::nothing_left`).
+//! Invariant: each action list is carried out in order within one synchronous
+//! step, and what the step counts (beat 1's in-flight count, its line) comes at
+//! its end, after the signals the step sent: signal first, account after.
 
 use std::cell::RefCell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -37,18 +32,19 @@ use tokio::sync::{oneshot, watch};
 use crate::checks::{self, Checks};
 use crate::config::{Config, DelayRule, ForwardTo};
 use crate::drain::{
-    Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, Policy, Start, State,
+    Action, ChildExit, DelayWhy, Drain, Event, Outcome, Phase, PhaseEnd, Policy, Start, State,
 };
-use crate::metrics;
-use crate::procs;
+use crate::metrics::Metrics;
+use crate::phases::{PhaseResult, Phases};
 use crate::proxy::{Gate, Proxy};
 use crate::published::Published;
 use crate::reaper::Reaper;
-use crate::report::{Facts, Ledger, Report};
+use crate::report::{Facts, Report};
 use crate::signals::{self, Signal, SignalStream};
+use crate::spawn::Launcher;
 use crate::teardown::Teardown;
-use crate::tree::{Real, Tree};
-use crate::util::fmt_ms;
+use crate::tree::{AppTree, Kills, Real, Tree};
+use crate::util::{fmt_ms, sleep_until};
 
 /// Where the driver reads signals from.
 pub enum Signals {
@@ -72,7 +68,7 @@ impl Signals {
     }
 }
 
-/// What readiness first passing waits for (DESIGN §7).
+/// What readiness first passing waits for (docs/probes.md).
 pub struct Readiness {
     /// The configured checks (none: only `app_ready`, or ready at once).
     pub checks: Rc<Checks>,
@@ -80,84 +76,82 @@ pub struct Readiness {
     pub app_ready: Option<oneshot::Receiver<()>>,
 }
 
+/// What wakes the loop besides its timers.
+struct Inputs {
+    signals: Signals,
+    /// What readiness waits for, until [`Driver::run`] starts its task.
+    readiness: Option<Readiness>,
+    /// Yields once readiness passed (the task [`Driver::run`] starts).
+    ready_rx: Option<oneshot::Receiver<()>>,
+    /// The last reap round was full: another runs once the other wake-ups (a
+    /// signal, a deadline) had their turn.
+    reap_more: bool,
+    /// Turns `true` when a client first asks `/readyz` (or the proxy's health
+    /// path): `Event::Routed`. `None` once received, or when nothing can ask.
+    readyz_asked: Option<watch::Receiver<bool>>,
+}
+
+/// What one step (one action list) leaves for its end, and the progress timer.
+#[derive(Default)]
+struct Due {
+    /// `SampleInFlight` was asked for in this step: the T0 count is taken at the
+    /// end of the step, after the signal the step sends.
+    sample: Option<Start>,
+    /// The line of a forward made in the same step as `sample`: logged after
+    /// beat 1's line, which announces it.
+    forward_line: Option<String>,
+    /// Admission closed in this step: logged at its end.
+    admission_log: bool,
+    /// The drain phases ended in this step, maybe after the main child: what
+    /// is left may be gone too (no SIGCHLD will tell), looked at the step's end.
+    recheck: bool,
+    /// A partial report is due in the report file once the current action list
+    /// is carried out (at T0 and at the forward: after the forward, never before
+    /// it, so the disk never delays a signal).
+    partial: bool,
+    /// When the next drain progress line is due (from `epoch`); `None` outside
+    /// beat 3 (no timer runs while idle).
+    progress_at: Option<Duration>,
+}
+
 /// The supervisor's state. Build it with [`Driver::new`] right after the
 /// spawn, then [`Driver::run`].
 pub struct Driver {
     cfg: Config,
     drain: Drain,
+    /// The app's processes: every `/proc` read and every signal goes through it.
+    app: AppTree,
     reaper: Rc<RefCell<Reaper>>,
-    /// The process tree: every `/proc` read and every signal sent goes through it.
-    tree: Rc<dyn Tree>,
-    signals: Signals,
+    inputs: Inputs,
     state_tx: watch::Sender<Published>,
-    child_pid: i32,
-    child_alive: bool,
-    me: i32,
-    is_pid1: bool,
     epoch: Instant,
-    ledger: Ledger,
-    /// `/proc` shows this PID namespace (checked once at start): without it, no
-    /// `/proc` pid may be trusted, and the drain falls back on the reaper alone.
-    proc_ok: bool,
-    /// The last scan found processes from outside the namespace (as PID 1): their
-    /// end raises no SIGCHLD here, so `/proc` is polled while the drain waits.
-    outsiders: bool,
-    /// Processes that got the drain signal from drainit: `(pid, start)`.
-    signalled: HashSet<(i32, u64)>,
-    /// The descendants `SampleInFlight` just read, for a `SignalRemaining` of the
-    /// same step (nothing was signalled in between): one /proc walk, not two.
-    /// Cleared after every action list.
-    sampled: Option<Vec<procs::Proc>>,
-    /// `SampleInFlight` was asked for in this step: the T0 count is taken at the
-    /// end of the step, after the signal the step sends. Holds the main child
-    /// when it was alive at the sample (read before that signal).
-    sample_due: Option<Start>,
-    /// The line of a forward made in the same step as `sample_due`: logged
-    /// after beat 1's line, which announces it.
-    forward_line_due: Option<String>,
-    /// The drain signal this step forwarded to the main child (or its group):
-    /// a main child it killed at once was alive at T0.
-    forwarded_now: Option<Signal>,
-    /// The main child's `/proc` entry as `SampleInFlight` read it, for a
-    /// `ForwardDrain` of the same step. Cleared after every action list.
-    child_read: Option<Option<procs::Proc>>,
-    /// The last reap round was full: another runs once the other wake-ups (a
-    /// signal, a deadline) had their turn.
-    reap_more: bool,
     queue: VecDeque<Event>,
-    /// What readiness waits for, until [`Driver::run`] starts its task.
-    readiness: Option<Readiness>,
-    ready_rx: Option<oneshot::Receiver<()>>,
     teardown: Teardown,
+    /// The drain phases (docs/drain-phases.md).
+    phases: Phases,
     outcome: Option<Outcome>,
-    /// When the next drain progress line is due (from `epoch`); `None` outside
-    /// beat 3 (no timer runs while idle).
-    progress_at: Option<Duration>,
-    /// A partial report is due in the report file once the current action list
-    /// is carried out (at T0 and at the forward: after the forward, never before
-    /// it, so the disk never delays a signal).
-    partial_due: bool,
     /// The admission proxy (`--proxy`), driven at each beat.
     proxy: Option<Proxy>,
-    /// Admission closed in this step: logged at its end.
-    admission_log_due: bool,
+    due: Due,
+    /// Counts the signals received and sent on, and the orphans reaped.
+    metrics: Metrics,
 }
 
 impl Driver {
     /// `child_pid` was just spawned and registered with `reaper`. `app_ready` is
     /// `Some` with `--ready-notify`: it yields at the app's first `READY=1`
     /// (`notify.rs`); readiness passes once it and every check have passed.
+    /// `launcher` starts the teardown steps.
     pub fn new(
         cfg: Config,
         reaper: Rc<RefCell<Reaper>>,
         signals: SignalStream,
         state_tx: watch::Sender<Published>,
-        checks: Rc<Checks>,
-        app_ready: Option<oneshot::Receiver<()>>,
+        readiness: Readiness,
+        launcher: Launcher,
         child_pid: i32,
     ) -> Driver {
-        let readiness = Readiness { checks, app_ready };
-        Driver::with_tree(
+        let mut driver = Driver::with_tree(
             cfg,
             reaper,
             Rc::new(Real),
@@ -165,11 +159,15 @@ impl Driver {
             state_tx,
             readiness,
             child_pid,
-        )
+        );
+        driver.teardown = Teardown::new(driver.cfg.teardown.clone(), launcher.clone());
+        driver.phases = Phases::new(driver.cfg.phases.clone(), launcher);
+        driver
     }
 
-    /// As [`Driver::new`], over `tree` (a fake one in tests). Starts nothing:
-    /// the readiness task starts in [`Driver::run`].
+    /// As [`Driver::new`], over `tree` (a fake one in tests), with teardown
+    /// steps started by the default [`Launcher`]. Starts nothing: the readiness
+    /// task starts in [`Driver::run`].
     pub fn with_tree(
         cfg: Config,
         reaper: Rc<RefCell<Reaper>>,
@@ -188,51 +186,51 @@ impl Driver {
             second_signal: cfg.second_signal,
             rewrite: cfg.rewrite.clone(),
             admission_gate: cfg.proxy.is_some(),
+            phase_maxes: cfg.phases.iter().map(|p| p.max).collect(),
+            phase_budget: cfg.phase_budget,
         };
-        let me = std::process::id() as i32;
-        let teardown = Teardown::new(cfg.teardown.clone());
-        let proc_ok = tree.is_own_namespace();
-        if !proc_ok {
-            log::warn!(
-                "/proc is not this PID namespace's (mount a fresh /proc, e.g. unshare --mount-proc): \
-                 descendants cannot be found; only the main child and reaped processes are tracked"
-            );
-        }
+        let teardown = Teardown::new(cfg.teardown.clone(), Launcher::default());
+        let phases = Phases::new(cfg.phases.clone(), Launcher::default());
+        let to_group = cfg.forward_to == ForwardTo::Group;
         Driver {
-            cfg,
             drain: Drain::new(policy),
+            app: AppTree::new(tree, reaper.clone(), child_pid, to_group),
             reaper,
-            tree,
-            signals,
+            inputs: Inputs {
+                signals,
+                readiness: Some(readiness),
+                ready_rx: None,
+                reap_more: false,
+                readyz_asked: None,
+            },
             state_tx,
-            child_pid,
-            child_alive: true,
-            me,
-            is_pid1: me == 1,
             epoch: Instant::now(),
-            ledger: Ledger::default(),
-            proc_ok,
-            outsiders: false,
-            signalled: HashSet::new(),
-            sampled: None,
-            sample_due: None,
-            forward_line_due: None,
-            forwarded_now: None,
-            child_read: None,
-            reap_more: false,
             queue: VecDeque::new(),
-            readiness: Some(readiness),
-            ready_rx: None,
             teardown,
+            phases,
             outcome: None,
-            progress_at: None,
-            partial_due: false,
             proxy: None,
-            admission_log_due: false,
+            due: Due::default(),
+            metrics: Metrics::default(),
+            cfg,
         }
     }
 
-    /// Drives `proxy` through the beats (DESIGN §11): its gate follows the
+    /// Records signals and orphans in `metrics` (else in counters nobody reads).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Driver {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Receives "a client asked `/readyz`" from the probe server and the proxy's
+    /// health path ([`crate::published::ReadyzAsked`]): from then on a drain
+    /// applies the default pre-drain delay (docs/processes-and-signals.md).
+    pub fn with_readyz_asked(mut self, asked: watch::Receiver<bool>) -> Driver {
+        self.inputs.readyz_asked = Some(asked);
+        self
+    }
+
+    /// Drives `proxy` through the beats (docs/proxy.md): its gate follows the
     /// phase, admission closes at beat 3, and the drain signal waits for the
     /// requests in flight.
     pub fn with_proxy(mut self, proxy: Proxy) -> Driver {
@@ -242,9 +240,9 @@ impl Driver {
 
     /// Starts the readiness task: it yields once every check and, with
     /// `--ready-notify`, the app's `READY=1` have passed. With nothing configured,
-    /// readiness passes at once (DESIGN §7).
+    /// readiness passes at once (docs/probes.md).
     fn start_readiness(&mut self) {
-        let Some(Readiness { checks, app_ready }) = self.readiness.take() else {
+        let Some(Readiness { checks, app_ready }) = self.inputs.readiness.take() else {
             return;
         };
         if checks.is_empty() && app_ready.is_none() {
@@ -266,7 +264,7 @@ impl Driver {
             }
             let _ = tx.send(());
         });
-        self.ready_rx = Some(rx);
+        self.inputs.ready_rx = Some(rx);
     }
 
     fn now(&self) -> Duration {
@@ -292,64 +290,100 @@ impl Driver {
         self.start_readiness();
         self.process();
         while self.outcome.is_none() {
-            let mut deadline = self.drain.next_deadline().map(|at| self.epoch + at);
-            // While killed processes are still dying and being reaped, the kill's
-            // settle time does not run out: thousands killed at once take the
-            // kernel more than a second to tear down on a small machine, and their
-            // statuses (the main child's among them) are on their way. A process
-            // that cannot die (uninterruptible sleep) stops the reaps, and the
-            // settle time runs out as before.
-            if self.drain.settling() && self.reap_more {
-                deadline = None;
-            }
-            let polling = self.outsiders && self.drain.waits_for_descendants();
-            if !self.drain.awaits_deadline() {
-                self.progress_at = None;
-            }
-            let progress = self.progress_at.map(|at| self.epoch + at);
-            let reaping = self.reap_more;
-            let admission = matches!(self.drain.state(), State::Admission { .. });
-            let woke = {
-                let proxy = &self.proxy;
-                let signals = &mut self.signals;
-                let ready_rx = &mut self.ready_rx;
-                let step_rx = self.teardown.status();
-                tokio::select! {
-                    biased;
-                    received = signals.recv() => Woke::Signals(received),
-                    _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
-                    exit = wait_step(step_rx) => Woke::StepExited(exit),
-                    _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
-                    _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
-                    _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
-                    () = tokio::task::yield_now(), if reaping => Woke::Reap,
-                    () = async { proxy.as_ref().expect("guarded by the if").idle().await }, if admission && proxy.is_some() => Woke::RequestsDone,
-                }
-            };
-            match woke {
-                Woke::Signals(received) => self.on_signals(received),
-                Woke::Ready => {
-                    self.ready_rx = None;
-                    log::info!("ready: every readiness check passed");
-                    self.queue.push_back(Event::ReadinessPassed);
-                }
-                Woke::StepExited(exit) => {
-                    if let Some(ok) = self.teardown.finish(exit) {
-                        self.queue.push_back(Event::TeardownExited { ok });
-                    }
-                }
-                Woke::Tick => self.queue.push_back(Event::Tick),
-                Woke::Progress => self.log_progress(),
-                Woke::Poll => self.check_descendants(false),
-                Woke::Reap => self.on_sigchld(),
-                Woke::RequestsDone => {
-                    log::info!("no request in flight: the app may drain");
-                    self.queue.push_back(Event::RequestsDone);
-                }
-            }
+            let woke = self.wait().await;
+            self.on_woke(woke);
             self.process();
         }
         self.report()
+    }
+
+    /// Waits for the next wake-up: a `/readyz` asked first (so that a drain
+    /// signal read in the same turn sees it, as it would have seen it had it
+    /// come a moment later), then signals, readiness, a teardown
+    /// step's end, the deadline, the progress line, the outsiders' poll, the
+    /// next reap round, the proxy's last request.
+    async fn wait(&mut self) -> Woke {
+        let mut deadline = self.drain.next_deadline().map(|at| self.epoch + at);
+        // While killed processes are still dying and being reaped, the kill's
+        // settle time does not run out: thousands killed at once take the
+        // kernel more than a second to tear down on a small machine, and their
+        // statuses (the main child's among them) are on their way. A process
+        // that cannot die (uninterruptible sleep) stops the reaps, and the
+        // settle time runs out as before.
+        if self.drain.settling() && self.inputs.reap_more {
+            deadline = None;
+        }
+        let polling = self.app.outsiders() && self.drain.waits_for_descendants();
+        if !self.drain.awaits_deadline() {
+            self.due.progress_at = None;
+        }
+        let progress = self.due.progress_at.map(|at| self.epoch + at);
+        let reaping = self.inputs.reap_more;
+        let admission = matches!(self.drain.state(), State::Admission { .. });
+        let proxy = &self.proxy;
+        let Inputs {
+            signals,
+            ready_rx,
+            readyz_asked,
+            ..
+        } = &mut self.inputs;
+        let step_rx = self.teardown.status();
+        let phases = &mut self.phases;
+        let phase_running = phases.running();
+        tokio::select! {
+            biased;
+            changed = async { readyz_asked.as_mut().expect("guarded by the if").changed().await }, if readyz_asked.is_some() => Woke::Asked(changed.is_ok()),
+            received = signals.recv() => Woke::Signals(received),
+            _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
+            exit = wait_step(step_rx) => Woke::StepExited(exit),
+            result = phases.wait(), if phase_running => Woke::PhaseEnded(result),
+            _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
+            _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
+            _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
+            () = tokio::task::yield_now(), if reaping => Woke::Reap,
+            () = async { proxy.as_ref().expect("guarded by the if").idle().await }, if admission && proxy.is_some() => Woke::RequestsDone,
+        }
+    }
+
+    /// A wake-up becomes events (or, for a signal, a step of its own).
+    fn on_woke(&mut self, woke: Woke) {
+        match woke {
+            Woke::Asked(open) => {
+                // Received once: the machine remembers it. A closed channel
+                // (nothing can ask any more) is no ask.
+                let rx = self.inputs.readyz_asked.take();
+                if open && rx.is_some_and(|rx| *rx.borrow()) {
+                    self.queue.push_back(Event::Routed);
+                }
+            }
+            Woke::Signals(received) => self.on_signals(received),
+            Woke::Ready => {
+                self.inputs.ready_rx = None;
+                log::info!("ready: every readiness check passed");
+                self.queue.push_back(Event::ReadinessPassed);
+            }
+            Woke::StepExited(exit) => {
+                if let Some(ok) = self.teardown.finish(exit) {
+                    self.queue.push_back(Event::TeardownExited { ok });
+                }
+            }
+            Woke::PhaseEnded(result) => {
+                if let Some((ok, pid)) = self.phases.finish(result) {
+                    if let Some(pid) = pid {
+                        self.app.end_helper(pid);
+                    }
+                    self.queue.push_back(Event::PhaseExited { ok });
+                }
+            }
+            Woke::Tick => self.queue.push_back(Event::Tick),
+            Woke::Progress => self.log_progress(),
+            Woke::Poll => self.check_descendants(false),
+            Woke::Reap => self.on_sigchld(),
+            Woke::RequestsDone => {
+                log::info!("no request in flight: the app may drain");
+                self.queue.push_back(Event::RequestsDone);
+            }
+        }
     }
 
     /// Feeds queued events to the machine and carries out its actions, until the
@@ -364,21 +398,28 @@ impl Driver {
             for a in actions {
                 self.act(a);
             }
-            if let Some(start) = self.sample_due.take() {
+            if let Some(start) = self.due.sample.take() {
                 self.finish_sample(start);
+                if self.app.sent_early() {
+                    // The walk outlasted the pre-drain delay and sent the drain
+                    // signal when it came due: beat 3 is now, before anything
+                    // else is read.
+                    self.queue.push_front(Event::Tick);
+                }
             }
-            if let Some(line) = self.forward_line_due.take() {
+            if let Some(line) = self.due.forward_line.take() {
                 log::info!("{line}");
             }
-            if std::mem::take(&mut self.admission_log_due) {
+            if std::mem::take(&mut self.due.admission_log) {
                 self.log_admission_closed();
             }
-            self.sampled = None;
-            self.child_read = None;
-            self.forwarded_now = None;
+            if std::mem::take(&mut self.due.recheck) {
+                self.check_descendants(false);
+            }
+            self.app.end_step();
         }
         self.publish();
-        if std::mem::take(&mut self.partial_due)
+        if std::mem::take(&mut self.due.partial)
             && self.outcome.is_none()
             && let Some(path) = &self.cfg.report_file
         {
@@ -386,18 +427,34 @@ impl Driver {
         }
     }
 
+    /// Drain phase `i` ended: its log line and its count in `/metrics`.
+    fn phase_ended(&mut self, i: usize) {
+        let Some(run) = self.drain.record().phases.get(i) else {
+            return;
+        };
+        let cut = self.drain.record().phases_cut;
+        let line = self.phases.end_line(i, run, cut);
+        match run.end {
+            PhaseEnd::Ok | PhaseEnd::Skipped => log::info!("{line}"),
+            _ => log::warn!("{line}"),
+        }
+        self.metrics
+            .phase_ended(self.phases.name(i), run.end.as_str());
+        self.due.recheck = true;
+    }
+
     /// About once a second in beat 3 (or the stop window), while anything is
     /// left: how many processes, the first few `pid comm`, and the time to the
-    /// SIGKILL deadline (DESIGN §12). A 12 s wait must not be silent.
+    /// SIGKILL deadline (docs/logs.md). A 12 s wait must not be silent.
     fn log_progress(&mut self) {
-        self.progress_at = None;
+        self.due.progress_at = None;
         if !self.drain.awaits_deadline() {
             return;
         }
         let now = self.now();
-        self.progress_at = Some(now + PROGRESS_EVERY);
+        self.due.progress_at = Some(now + PROGRESS_EVERY);
         // An unreadable /proc was logged by `descendants`; the next line retries.
-        let Some(left) = self.descendants() else {
+        let Some(left) = self.app.descendants() else {
             return;
         };
         if left.is_empty() {
@@ -428,15 +485,22 @@ impl Driver {
         );
     }
 
+    /// The report's `phases` list, times since T0.
+    fn phases_report(&self) -> Vec<crate::report::PhaseJson> {
+        let t0 = self.drain.timeline().t0.unwrap_or_default();
+        self.phases.report(&self.drain.record().phases, t0)
+    }
+
     /// The report so far, for the report file (`"final":false`).
     fn partial_report(&self) -> Report {
         Report::from_facts(Facts {
             outcome: None,
             phase: self.drain.phase(),
             record: self.drain.record(),
-            child_pid: self.child_pid,
-            ledger: &self.ledger,
+            child_pid: self.app.child_pid(),
+            ledger: self.app.ledger(),
             teardown: Vec::new(),
+            phases: self.phases_report(),
             orphans: self.reaper.borrow().orphans(),
             requests: self
                 .proxy
@@ -461,30 +525,6 @@ impl Driver {
         });
     }
 
-    fn helpers(&self) -> HashSet<i32> {
-        self.reaper.borrow().helpers().collect()
-    }
-
-    /// The live descendants, or `None` when `/proc` could not be read (logged):
-    /// then nothing may be concluded, least of all that none is left.
-    fn descendants(&self) -> Option<Vec<procs::Proc>> {
-        if !self.proc_ok {
-            return None;
-        }
-        // Not PID 1 and no child at all: nothing below drainit is left (it is a
-        // subreaper, see `reaper::has_children`). One syscall instead of a walk.
-        if !self.is_pid1 && !self.tree.has_children() {
-            return Some(Vec::new());
-        }
-        match self.tree.descendants(self.me, &self.helpers()) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                log::error!("reading /proc to find descendants failed: {e}");
-                None
-            }
-        }
-    }
-
     /// Why the pre-drain delay at T0 is what it is, for the T0 log line.
     fn delay_why(&self, why: Option<DelayWhy>) -> &'static str {
         match (why, self.cfg.pre_drain_delay_rule) {
@@ -499,105 +539,19 @@ impl Driver {
         }
     }
 
-    fn forward_target(&self) -> i32 {
-        match self.cfg.forward_to {
-            ForwardTo::Child => self.child_pid,
-            ForwardTo::Group => -self.child_pid,
-        }
-    }
-
-    fn send(&self, target: i32, sig: Signal) {
-        send_to(&*self.tree, target, sig);
-    }
-
-    /// The non-helper children of drainit, zombies included (see
-    /// [`procs::children`]); `None` when the kernel has no such list or `/proc`
-    /// cannot be read.
-    fn own_children(&self) -> Option<Vec<i32>> {
-        if !self.proc_ok {
-            return None;
-        }
-        match self.tree.children(self.me) {
-            Ok(Some(v)) => {
-                let helpers = self.helpers();
-                Some(v.into_iter().filter(|p| !helpers.contains(p)).collect())
-            }
-            Ok(None) => None,
-            Err(e) => {
-                log::debug!("reading drainit's children in /proc failed: {e}");
-                None
-            }
-        }
-    }
-
-    /// Whether drainit has no child left but its helpers: from its list of
-    /// children, or, without one, from `waitid` (then a running helper counts).
-    fn no_child_left(&self) -> bool {
-        match self.own_children() {
-            Some(v) => v.is_empty(),
-            None => !self.tree.has_children(),
-        }
-    }
-
-    /// Whether no descendant is left, proven (issue 13): `none_left` is the
-    /// reaper's `ECHILD`.
-    ///
-    /// Not PID 1, drainit is a subreaper: every live descendant has a parent
-    /// chain that reaches drainit through one of its children (an exiting
-    /// parent's children are re-parented to drainit before its zombie can be
-    /// reaped), so "no child but helpers" is "no descendant". A walk of the tree
-    /// is not proof: a process that forks its successor and exits between the
-    /// walk's listing and its read of that process leaves a successor the walk
-    /// never sees. As PID 1, processes that entered the namespace from outside
-    /// (`nsenter`, `docker exec`) are nobody's child here: the namespace is read
-    /// too, and drainit's children read again after it, so that a process forked
-    /// while the read ran, whose parent then exited, is found as drainit's child.
-    fn nothing_left(&mut self, none_left: bool) -> bool {
-        // ECHILD is conclusive unless, as PID 1, processes from outside the
-        // namespace (never drainit's children) may be left: then /proc decides.
-        if none_left && (!self.is_pid1 || !self.proc_ok) {
-            return true;
-        }
-        if !self.proc_ok || !self.no_child_left() {
-            return false;
-        }
-        if !self.is_pid1 {
-            return true;
-        }
-        let Some(left) = self.descendants() else {
-            return false;
-        };
-        self.outsiders = procs::any_from_outside(&left);
-        left.is_empty() && self.no_child_left()
-    }
-
-    /// Beat 1's count, at the end of the step that asked for it: the live
-    /// descendants (read after the step's signal, if it sent one), plus the main
-    /// child read before that signal.
+    /// Beat 1's count and line, at the end of the step that asked for it (after
+    /// the signal the step sent).
     fn finish_sample(&mut self, start: Start) {
-        let mut alive = match self.sampled.take() {
-            Some(v) => v,
-            None => self.descendants().unwrap_or_default(),
-        };
-        // The main child, read after this step's signal (once): alive at T0
-        // unless it had ended by itself (a zombie whose SIGCHLD is not read yet);
-        // one that this step's forward killed at once was alive.
-        let child = match self.child_read.take() {
-            Some(read) => read,
-            None if self.child_alive && self.proc_ok => self.tree.stat_of(self.child_pid),
-            None => None,
-        };
-        let forwarded = self.forwarded_now;
-        if let Some(p) = child.filter(|p| !p.zombie || forwarded.is_some_and(|s| p.ended_by == s.0))
-            && !alive.iter().any(|a| a.id() == p.id())
-        {
-            alive.push(p);
-        }
-        self.ledger.sample(alive.iter().map(procs::Proc::id));
+        let alive = self.app.sample_in_flight();
         match start.signal {
             Some(sig) => log::info!(
-                "drain started by {sig}: readiness fails now; {} in flight; forwarding in {} ({}), deadline in {}{}",
-                alive.len(),
+                "drain started by {sig}: readiness fails now; {} in flight; {} in {} ({}), deadline in {}{}",
+                alive,
+                if self.cfg.phases.is_empty() {
+                    "forwarding"
+                } else {
+                    "drain phases, then forwarding,"
+                },
                 fmt_ms(start.pre_drain_delay),
                 self.delay_why(start.delay_why),
                 fmt_ms(start.to_deadline),
@@ -606,105 +560,51 @@ impl Driver {
                     p.ledger().in_flight()
                 ))
             ),
-            None if alive.is_empty() => {}
+            None if alive == 0 => {}
             None => log::info!(
                 "no drain signal: the {} process(es) left get the drain signal and {} to finish",
-                alive.len(),
+                alive,
                 fmt_ms(start.to_deadline)
             ),
         }
-        self.sampled = Some(alive);
     }
 
-    /// A signal that is not a drain signal: to the main child (or its group), at
-    /// once; to the group still when its leader is gone but a member lives.
-    fn forward(&mut self, sig: Signal) {
-        if self.child_alive {
-            log::debug!("forwarding {sig} to {}", self.forward_target());
-            self.send(self.forward_target(), sig);
-            metrics::signal_forwarded(&sig.to_string());
-        } else if self.cfg.forward_to == ForwardTo::Group
-            && self
-                .descendants()
-                .is_some_and(|v| v.iter().any(|p| p.pgid == self.child_pid))
-        {
-            // The leader is gone but its group lives on (a group id is
-            // not reused while a member exists, and a member was just seen).
-            log::debug!("forwarding {sig} to process group {}", self.child_pid);
-            self.send(-self.child_pid, sig);
-            metrics::signal_forwarded(&sig.to_string());
-        } else {
-            log::debug!("{sig} not forwarded: the main child is gone");
-        }
-    }
-
-    /// Beat 3: the drain signal to the main child (or its group), then the
-    /// accounting: who got it, and SIGCONT for a stopped one.
+    /// Beat 3: the tree forwards the drain signal; the machine notes when.
     fn forward_drain(&mut self, sig: Signal) {
-        let target = self.forward_target();
-        // The signal goes first, the accounting after: the main child's
-        // identity and whether it is stopped are read after the signal
-        // (unreaped, it is still that process, and a drain signal does
-        // not continue a stopped one).
-        self.send(target, sig);
-        self.drain.note_forwarded(self.now());
-        // The child was just woken, often onto this CPU (the scheduler
-        // places a wakee near its waker): let it run before the
-        // accounting below, which reads /proc (sched_yield(2)).
-        std::thread::yield_now();
-        self.forwarded_now = Some(sig);
-        let child = if self.child_alive && self.proc_ok {
-            self.tree.stat_of(self.child_pid)
-        } else {
-            None
-        };
-        self.child_read = Some(child.clone());
-        metrics::signal_forwarded(&sig.to_string());
-        self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
-        let mut stopped = child.as_ref().is_some_and(|c| c.stopped);
-        if let Some(c) = &child {
-            self.signalled.insert(c.id());
-        }
-        if target < 0 {
-            // The group's members got it too (those forked after the
-            // signal were started by a member already draining).
-            let left = self.descendants().unwrap_or_default();
-            for p in &left {
-                if p.pgid == self.child_pid {
-                    self.signalled.insert(p.id());
-                    stopped |= p.stopped;
-                }
-            }
-            self.sampled = Some(left);
-        }
-        let line = format!(
-            "forwarded {sig} to {} {}",
-            if target < 0 { "process group" } else { "child" },
-            target.abs()
-        );
-        if self.sample_due.is_some() {
+        let sent = self.app.forward_drain(sig);
+        self.drain
+            .note_forwarded(sent.sent_at.saturating_duration_since(self.epoch));
+        self.metrics.signal_forwarded(sig, 1);
+        self.due
+            .progress_at
+            .get_or_insert(self.now() + PROGRESS_EVERY);
+        if self.due.sample.is_some() {
             // No pre-drain delay: beat 1's line ("drain started by …"), which
             // announces this forward, is logged at the end of this step; the
             // forward's line follows it rather than coming first.
-            self.forward_line_due = Some(line);
+            self.due.forward_line = Some(sent.line);
         } else {
-            log::info!("{line}");
-        }
-        if stopped {
-            // A stopped process cannot act on the drain signal: wake it, as
-            // systemd does after SIGTERM (systemd.kill(5), SendSIGCONT=).
-            self.send(target, Signal::CONT);
+            log::info!("{}", sent.line);
         }
     }
 
     fn act(&mut self, action: Action) {
         match action {
-            Action::Forward(sig) => self.forward(sig),
+            Action::Forward(sig) => {
+                if self.app.forward(sig) {
+                    self.metrics.signal_forwarded(sig, 1);
+                }
+            }
             Action::SampleInFlight(start) => {
                 // Counted at the end of this step (`finish_sample`), after the
                 // forward it may send: neither a walk of a large tree nor a read
                 // of the main child's `/proc` entry (tens of µs) delays the signal.
-                self.sample_due = Some(start);
+                self.due.sample = Some(start);
+                // With a pre-drain delay, the count's walk sends the drain
+                // signal itself should it run past its due time.
+                let due = self.drain.due_forward().filter(|_| self.proxy.is_none());
+                self.app
+                    .send_when_due(due.map(|(at, sig)| (self.epoch + at, sig)));
             }
             Action::ForwardDrain(sig) => {
                 // The gate first: a second signal in beat 2 forwards while
@@ -716,339 +616,140 @@ impl Driver {
                 }
                 self.forward_drain(sig);
             }
-            Action::CloseAdmission => {
-                let p = self
-                    .proxy
-                    .as_ref()
-                    .expect("the machine has a gate only with --proxy");
-                p.set_gate(Gate::Closed);
-                // Logged after this step's "drain started" line (delay 0).
-                self.admission_log_due = true;
-                if p.is_quiet() {
-                    self.queue.push_back(Event::RequestsDone);
-                }
-            }
-            Action::AbandonRequests => {
-                if let Some(p) = &self.proxy {
-                    let (n, connecting, streams) = p.abandon();
-                    let n = n - connecting;
-                    if n > 0 || streams > 0 {
-                        log::warn!(
-                            "SIGKILL: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
-                        );
-                    }
-                    if connecting > 0 {
-                        log::warn!(
-                            "SIGKILL: {connecting} request(s) still waiting for the app to accept their connection get drainit's 503 (rejected: they never reached it)"
-                        );
-                    }
-                }
-            }
+            Action::CloseAdmission => self.close_admission(),
+            Action::AbandonRequests => self.abandon_requests(),
             Action::SignalRemaining(sig) => {
                 if let Some(p) = &self.proxy {
                     p.set_gate(Gate::Forwarded);
                 }
-                self.signal_remaining(sig);
-                self.progress_at.get_or_insert(self.now() + PROGRESS_EVERY);
+                let sent = self.app.signal_remaining(sig);
+                self.metrics.signal_forwarded(sig, sent as u64);
+                self.due
+                    .progress_at
+                    .get_or_insert(self.now() + PROGRESS_EVERY);
             }
-            Action::PartialReport => self.partial_due = true,
+            Action::PartialReport => self.due.partial = true,
             Action::CountAlive => {
-                let alive = self.descendants().map(|v| v.len());
+                let alive = self.app.descendants().map(|v| v.len());
                 self.queue.push_back(Event::Alive(alive));
             }
             Action::StillDying(n) => {
                 log::info!("{n} killed process(es) still dying; waiting for them");
             }
-            Action::KillAll => self.kill_all(),
+            Action::KillAll => {
+                let killed_at = self.now();
+                let k = self.app.kill_all();
+                if k.killed > 0 {
+                    self.drain.note_killed(killed_at);
+                }
+                self.on_kills(k, true);
+            }
+            Action::StartPhase { index, budget } => {
+                log::info!(
+                    "drain phase '{}' starting with {} of the phase budget",
+                    self.phases.name(index),
+                    fmt_ms(budget)
+                );
+                if let Some(ok) = self.phases.start(index, budget, &self.reaper) {
+                    self.queue.push_back(Event::PhaseExited { ok });
+                }
+            }
+            Action::CancelPhase(i) => {
+                // Signal first, account after.
+                if self.phases.drop_post() {
+                    self.queue.push_back(Event::PhaseExited { ok: false });
+                } else if let Some(pid) = self.phases.pid() {
+                    self.app.cancel_helper(pid);
+                }
+                log::warn!("drain phase '{}' is being canceled", self.phases.name(i));
+            }
+            Action::KillPhase(i) => {
+                if let Some(pid) = self.phases.pid() {
+                    self.app.kill_phase(pid);
+                }
+                log::warn!(
+                    "drain phase '{}' ignored its cancellation: SIGKILLed",
+                    self.phases.name(i)
+                );
+                self.phases.abandon();
+            }
+            Action::PhaseEnded(i) => self.phase_ended(i),
             Action::StartTeardown(i) => {
                 // The drain is over: a teardown step's processes are not part of it.
-                self.ledger.close();
+                self.app.close_ledger();
                 if let Some(ok) = self.teardown.start(i, &self.reaper) {
                     self.queue.push_back(Event::TeardownExited { ok });
                 }
             }
             Action::KillTeardown(i) => {
                 if let Some(pid) = self.teardown.running_pid()
-                    && self.reaper.borrow().is_waiting(pid)
+                    && self.app.kill_helper(pid)
                 {
                     log::warn!("teardown step '{}' is being killed", self.teardown.name(i));
-                    self.send(-pid, Signal::KILL);
                 }
             }
             Action::Exit(outcome) => self.outcome = Some(outcome),
         }
     }
 
-    /// Every descendant alive now and not yet signalled by drainit gets the
-    /// leftover signal. Called once, when the main child is gone (or at the
-    /// forward, if it went during the pre-drain delay): processes created later
-    /// were started by a process already draining (a cleanup hook's `curl`, a
-    /// trap's `sleep`) and are part of its drain, so they are waited for, not
-    /// signalled, and SIGKILLed only at the deadline.
-    ///
-    /// Each process is signalled as the walk finds it, not after the walk: in a
-    /// tree of thousands the first signal goes out after one `/proc` read.
-    fn signal_remaining(&mut self, sig: Signal) {
-        let (me, helpers, tree) = (self.me, self.helpers(), self.tree.clone());
-        let signalled = &mut self.signalled;
-        let mut hit = |p: &procs::Proc| {
-            if !p.zombie && signalled.insert(p.id()) {
-                send_to(&*tree, p.pid, sig);
-                metrics::signal_forwarded(&sig.to_string());
-                if p.stopped {
-                    send_to(&*tree, p.pid, Signal::CONT);
-                }
-                log::info!("sent {sig} to remaining process {} ({})", p.pid, p.comm);
-            }
-        };
-        if let Some(left) = self.sampled.as_ref() {
-            left.iter().for_each(hit);
-            return;
+    /// The counts of a kill become events: `Unkillable` first, then `Killed`
+    /// (always after the deadline's kill, `always`; after a chase only when it
+    /// killed something).
+    fn on_kills(&mut self, k: Kills, always: bool) {
+        if k.unkillable > 0 {
+            self.queue.push_back(Event::Unkillable(k.unkillable));
         }
-        // Unreadable /proc (logged): the deadline still SIGKILLs what is left.
-        let mut seen = Vec::new();
-        if self.proc_ok && (self.is_pid1 || self.tree.has_children()) {
-            let r = tree.visit(me, &helpers, &mut |p| {
-                hit(p);
-                if !p.zombie {
-                    seen.push(p.clone());
-                }
-            });
-            if let Err(e) = r {
-                log::error!("reading /proc to find descendants failed: {e}");
-            }
-        }
-        self.sampled = Some(seen);
-    }
-
-    /// The deadline's SIGKILL (and the sweep after teardown). Signal first: as
-    /// PID 1 `kill(-1)`, otherwise the main child's process group, before any
-    /// walk; then each descendant is killed as the walk finds it, and recorded
-    /// abandoned (a zombie whose status says SIGKILL was killed by this too; one
-    /// that ended by itself was not). A process drainit may not signal (`EPERM`)
-    /// is recorded unkillable instead, and logged once.
-    fn kill_all(&mut self) {
-        self.ledger.close();
-        let killed_at = self.now();
-        // The main child first (it is not reaped, so its pid and group are still
-        // its own): woken first, it tends to die first, and its status is what
-        // the report shows.
-        // Failures are not logged here: the walk below finds each process still
-        // alive, kills it by pid and records (and logs, once) what it cannot kill.
-        if self.child_alive {
-            let _ = self.tree.kill(self.child_pid, Signal::KILL);
-        }
-        if self.is_pid1 {
-            // As PID 1, -1 means every process of this PID namespace but drainit
-            // (kill(2)); never used outside PID 1, where it would reach processes
-            // drainit did not start.
-            let _ = self.tree.kill(-1, Signal::KILL);
-        } else if self.child_alive {
-            let _ = self.tree.kill(-self.child_pid, Signal::KILL);
-        }
-        let mut killed = 0;
-        let mut unkillable = 0;
-        // A few rounds: a process may fork between the read and its SIGKILL.
-        for _ in 0..3 {
-            let before = (killed, unkillable);
-            match self.kill_round() {
-                Some((k, u)) => {
-                    killed += k;
-                    unkillable += u;
-                }
-                None => {
-                    let (k, u) = self.kill_main_child();
-                    killed += k;
-                    unkillable += u;
-                    break;
-                }
-            }
-            if (killed, unkillable) == before {
-                break;
-            }
-        }
-        if self.is_pid1 {
-            let _ = self.tree.kill(-1, Signal::KILL);
-        }
-        if killed > 0 {
-            self.drain.note_killed(killed_at);
-            self.log_killed(killed);
-        }
-        if unkillable > 0 {
-            self.queue.push_back(Event::Unkillable(unkillable));
-        }
-        self.queue.push_back(Event::Killed(killed));
-    }
-
-    /// With `/proc` unreadable, what can still be reached is the main child and its
-    /// group (and, as PID 1, everything: `kill_all` sent `kill(-1)`). Both were
-    /// sent SIGKILL already; sent again, to learn the outcome for the main child.
-    /// `(newly abandoned, newly unkillable)`.
-    fn kill_main_child(&mut self) -> (usize, usize) {
-        if !self.child_alive {
-            return (0, 0);
-        }
-        let mut counts = (0, 0);
-        let comm = self.tree.comm(self.child_pid).unwrap_or_default();
-        match self.tree.kill(self.child_pid, Signal::KILL) {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                if self.ledger.unkillable(self.child_pid, comm) {
-                    counts.1 = 1;
-                    log::warn!(
-                        "cannot kill the main child {}: not permitted; it is left running (unkillable)",
-                        self.child_pid
-                    );
-                }
-            }
-            _ => {
-                if self.ledger.abandon(self.child_pid, comm) {
-                    counts.0 = 1;
-                }
-            }
-        }
-        self.send(-self.child_pid, Signal::KILL);
-        counts
-    }
-
-    /// One walk of the tree that SIGKILLs every live descendant as it is found and
-    /// records it; `(newly abandoned, newly unkillable)`, `None` when `/proc`
-    /// cannot be read.
-    fn kill_round(&mut self) -> Option<(usize, usize)> {
-        if !self.proc_ok {
-            return None;
-        }
-        if !self.is_pid1 && !self.tree.has_children() {
-            return Some((0, 0));
-        }
-        let (me, helpers) = (self.me, self.helpers());
-        let ledger = &mut self.ledger;
-        let signalled = &mut self.signalled;
-        let (mut killed, mut unkillable) = (0, 0);
-        let mut leaders = HashSet::new();
-        let mut groups = HashSet::new();
-        let tree = self.tree.clone();
-        let r = tree.visit(me, &helpers, &mut |p| {
-            // Ended by itself (before the kill): not abandoned.
-            if p.zombie && !p.killed {
-                return;
-            }
-            if !p.zombie {
-                if ledger.is_unkillable(p.pid) {
-                    return;
-                }
-                if let Err(e) = tree.kill(p.pid, Signal::KILL)
-                    && e.raw_os_error() == Some(libc::EPERM)
-                {
-                    if ledger.unkillable(p.pid, p.comm.clone()) {
-                        unkillable += 1;
-                        log::warn!(
-                            "cannot kill {} ({}): not permitted; it is left running (unkillable)",
-                            p.pid,
-                            p.comm
-                        );
-                    }
-                    return;
-                }
-                // Unreaped when read, so its group id is still its own.
-                leaders.insert(p.pid);
-                groups.insert(p.pgid);
-            }
-            // Killed: it gets no drain signal after this.
-            signalled.insert(p.id());
-            if ledger.abandon(p.pid, p.comm.clone()) {
-                killed += 1;
-            }
-        });
-        if let Err(e) = r {
-            log::error!("reading /proc to find descendants failed: {e}");
-            return None;
-        }
-        // Process groups led by a descendant (or the main child's, while it is
-        // unreaped) also catch what forked between the read and the kill.
-        for g in groups {
-            if leaders.contains(&g) || (g == self.child_pid && self.child_alive) {
-                let _ = self.tree.kill(-g, Signal::KILL);
-            }
-        }
-        Some((killed, unkillable))
-    }
-
-    /// While the kill settles: SIGKILL drainit's live children (what the kill's
-    /// walk could not see: a process forked as its parent was killed is
-    /// re-parented to drainit). They are drainit's own and unreaped, so their
-    /// pids cannot have been reused.
-    fn chase(&mut self) {
-        let Some(children) = self.own_children() else {
-            return;
-        };
-        let (mut killed, mut unkillable) = (0, 0);
-        for pid in children {
-            // Killed already (and unreaped, so still that process): no read.
-            if self.ledger.is_abandoned(pid) {
-                continue;
-            }
-            let Some(p) = self.tree.stat_of(pid) else {
-                continue;
-            };
-            if p.zombie || self.ledger.is_unkillable(pid) {
-                continue;
-            }
-            match self.tree.kill(pid, Signal::KILL) {
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                    if self.ledger.unkillable(pid, p.comm.clone()) {
-                        unkillable += 1;
-                        log::warn!(
-                            "cannot kill {pid} ({}): not permitted; it is left running (unkillable)",
-                            p.comm
-                        );
-                    }
-                }
-                _ => {
-                    self.signalled.insert(p.id());
-                    if self.ledger.abandon(pid, p.comm.clone()) {
-                        killed += 1;
-                    }
-                }
-            }
-        }
-        if unkillable > 0 {
-            self.queue.push_back(Event::Unkillable(unkillable));
-        }
-        if killed > 0 {
-            log::warn!("abandoned: SIGKILLed {killed} more process(es) started as the kill ran");
-            self.queue.push_back(Event::Killed(killed));
+        if always || k.killed > 0 {
+            self.queue.push_back(Event::Killed(k.killed));
         }
     }
 
-    fn log_killed(&self, killed: usize) {
-        const SHOWN: usize = 20;
-        let all = self.ledger.abandoned();
-        let mut names: Vec<String> = all
-            .iter()
-            .take(SHOWN)
-            .map(|a| format!("{} ({})", a.pid, a.comm))
-            .collect();
-        if all.len() > SHOWN {
-            names.push(format!("and {} more", all.len() - SHOWN));
+    /// Beat 3 with the proxy: admission closes; with nothing in flight the
+    /// requests are done at once.
+    fn close_admission(&mut self) {
+        let p = self
+            .proxy
+            .as_ref()
+            .expect("the machine has a gate only with --proxy");
+        p.set_gate(Gate::Closed);
+        // Logged after this step's "drain started" line (delay 0).
+        self.due.admission_log = true;
+        if p.is_quiet() {
+            self.queue.push_back(Event::RequestsDone);
         }
-        log::warn!(
-            "abandoned: SIGKILLed {killed} process(es): {}",
-            names.join(", ")
-        );
+    }
+
+    /// The deadline with the proxy: what is still in flight is abandoned.
+    fn abandon_requests(&mut self) {
+        if let Some(p) = &self.proxy {
+            let (n, connecting, streams) = p.abandon();
+            let n = n - connecting;
+            if n > 0 || streams > 0 {
+                log::warn!(
+                    "SIGKILL: {n} request(s) still in flight and {streams} stream(s) open are abandoned"
+                );
+            }
+            if connecting > 0 {
+                log::warn!(
+                    "SIGKILL: {connecting} request(s) still waiting for the app to accept their connection get drainit's 503 (rejected: they never reached it)"
+                );
+            }
+        }
     }
 
     fn on_sigchld(&mut self) {
         let round = self.reaper.borrow_mut().reap();
         for (pid, _) in &round.orphans {
-            self.ledger.ended(*pid);
+            self.app.orphan_reaped(*pid);
         }
         if !round.orphans.is_empty() {
-            metrics::set_orphans_reaped(self.reaper.borrow().orphans());
+            self.metrics
+                .set_orphans_reaped(self.reaper.borrow().orphans());
         }
         if let Some(exit) = round.main {
             self.main_exited(exit);
         }
-        self.reap_more = round.more;
+        self.inputs.reap_more = round.more;
         // A full round left zombies of drainit's own to reap: nothing can be
         // gone yet, and the next round comes at once.
         if !round.more {
@@ -1057,8 +758,8 @@ impl Driver {
     }
 
     /// While the drain waits for descendants: notice when none is left (proven,
-    /// see `Driver::nothing_left`); while a kill settles, kill what is
-    /// still there. `none_left`: the reaper saw `ECHILD`.
+    /// see `AppTree::nothing_left`); while a kill settles, the tree kills what
+    /// is still there. `none_left`: the reaper saw `ECHILD`.
     ///
     /// Checking on SIGCHLD is enough: the last descendant to end is always a child
     /// of drainit (its parent is gone, so it was re-parented to drainit), and its
@@ -1069,30 +770,33 @@ impl Driver {
         if !self.drain.waits_for_descendants() {
             return;
         }
-        if self.nothing_left(none_left) {
+        if self.app.nothing_left(none_left) {
             self.queue.push_back(Event::DescendantsGone);
         } else if self.drain.settling() {
-            self.chase();
+            let k = self.app.chase();
+            self.on_kills(k, false);
         }
     }
 
     /// A batch of signals read at once: the main child's exit read with it (if
     /// SIGCHLD is in the batch) goes where the machine orders it, each other
     /// signal is fed at once, then the reap round.
-    fn on_signals(&mut self, received: Vec<signals::Received>) {
+    fn on_signals(&mut self, mut received: Vec<signals::Received>) {
         let chld = received.iter().any(|r| r.signal == Signal::CHLD);
-        let received: Vec<_> = received
-            .into_iter()
-            .filter(|r| r.signal != Signal::CHLD)
-            .collect();
+        if !chld {
+            // No exit read with this batch, so nothing to order: each signal is
+            // fed as read (`order_batch` without an exit), with no list built
+            // on the way to its forward.
+            for r in received {
+                self.on_signal(r);
+            }
+            return;
+        }
+        received.retain(|r| r.signal != Signal::CHLD);
         // The main child's exit read with this batch goes where the
         // machine says (before the signals, or after the drain signal
         // that killed it).
-        let exit = if chld {
-            self.reaper.borrow_mut().reap_main()
-        } else {
-            None
-        };
+        let exit = self.reaper.borrow_mut().reap_main();
         let batch: Vec<Signal> = received.iter().map(|r| r.signal).collect();
         let mut received = received.into_iter();
         for event in self.drain.order_batch(&batch, exit) {
@@ -1104,16 +808,14 @@ impl Driver {
                 }
             }
         }
-        if chld {
-            self.on_sigchld();
-        }
+        self.on_sigchld();
     }
 
     /// One signal of a batch (never SIGCHLD), fed to the machine at once: beat 1
     /// is taken before anything else, in this step.
     fn on_signal(&mut self, r: signals::Received) {
         if r.signal.is_reserved() {
-            metrics::signal_received(&r.signal.to_string());
+            self.metrics.signal_received(r.signal);
             log::warn!(
                 "ignored signal {} from pid {}: the C library keeps it for itself",
                 r.signal,
@@ -1122,22 +824,17 @@ impl Driver {
             return;
         }
         log::debug!("received {} from pid {}", r.signal, r.sender);
-        if crate::published::readyz_asked() {
-            // Before the signal: a T0 now decides the delay by it.
-            self.queue.push_back(Event::Routed);
-        }
         self.queue.push_back(Event::Signal(r.signal));
         self.process();
         // Counted after the step that forwarded it: signal first, account after.
-        metrics::signal_received(&r.signal.to_string());
+        self.metrics.signal_received(r.signal);
     }
 
     fn main_exited(&mut self, exit: ChildExit) {
-        self.child_alive = false;
-        self.ledger.ended(self.child_pid);
+        self.app.main_exited();
         log::info!(
             "main child {} exited ({})",
-            self.child_pid,
+            self.app.child_pid(),
             describe_exit(exit)
         );
         self.queue.push_back(Event::ChildExited(exit));
@@ -1167,23 +864,20 @@ impl Driver {
             );
         }
         // What is left to reap is reaped and counted before the report.
-        while self.reap_more {
+        while self.inputs.reap_more {
             let round = self.reaper.borrow_mut().reap();
             for (pid, _) in &round.orphans {
-                self.ledger.ended(*pid);
+                self.app.orphan_reaped(*pid);
             }
-            self.reap_more = round.more;
+            self.inputs.reap_more = round.more;
         }
-        if let Some(alive) = self.descendants() {
-            let alive: HashSet<(i32, u64)> = alive.iter().map(procs::Proc::id).collect();
-            self.ledger.settle(&alive);
-        }
+        self.app.settle();
         let teardown = self.teardown.report(self.drain.teardown());
         let t = self.drain.timeline();
         match outcome.reason {
             crate::drain::Reason::Drained => log::info!(
                 "drained: {} process(es) finished in {}",
-                self.ledger.completed(),
+                self.app.ledger().completed(),
                 fmt_ms(
                     t.finished_at
                         .unwrap_or_default()
@@ -1191,10 +885,20 @@ impl Driver {
                 )
             ),
             crate::drain::Reason::Abandoned => {
-                log::warn!(
-                    "abandoned: {} process(es) had to be killed",
-                    self.ledger.abandoned().len()
-                )
+                let phases = (self.drain.record().phases.iter())
+                    .filter(|p| p.end == PhaseEnd::Abandoned)
+                    .count();
+                if phases > 0 {
+                    log::warn!(
+                        "abandoned: {} process(es) and {phases} drain phase(s) had to be killed",
+                        self.app.ledger().abandoned().len()
+                    )
+                } else {
+                    log::warn!(
+                        "abandoned: {} process(es) had to be killed",
+                        self.app.ledger().abandoned().len()
+                    )
+                }
             }
             _ => {}
         }
@@ -1203,9 +907,10 @@ impl Driver {
             outcome: Some(outcome),
             phase: self.drain.phase(),
             record: self.drain.record(),
-            child_pid: self.child_pid,
-            ledger: &self.ledger,
+            child_pid: self.app.child_pid(),
+            ledger: self.app.ledger(),
             teardown,
+            phases: self.phases_report(),
             orphans: self.reaper.borrow().orphans(),
             requests: requests.map(|(totals, streams, _)| (totals, streams)),
         })
@@ -1231,9 +936,13 @@ impl Driver {
 
 /// What woke the loop.
 enum Woke {
+    /// A client asked `/readyz` (`false`: the channel closed).
+    Asked(bool),
     Signals(Vec<signals::Received>),
     Ready,
     StepExited(Option<ChildExit>),
+    /// The running drain phase ended.
+    PhaseEnded(PhaseResult),
     Tick,
     Progress,
     Poll,
@@ -1260,28 +969,10 @@ async fn wait_step(rx: Option<&mut oneshot::Receiver<ChildExit>>) -> Option<Chil
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
 fn describe_exit(e: ChildExit) -> String {
     match e {
         ChildExit::Code(n) => format!("exit code {n}"),
         ChildExit::Signal(s) => format!("killed by {s}"),
-    }
-}
-
-/// Sends `sig` to `target` (a pid, or a negated process group); failures are
-/// logged but for `ESRCH`.
-fn send_to(tree: &dyn Tree, target: i32, sig: Signal) {
-    match tree.kill(target, sig) {
-        Ok(()) => {}
-        // ESRCH: the target is already gone (it races with its own exit).
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-        Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
     }
 }
 
@@ -1291,185 +982,11 @@ mod tests {
     //! signalled, when (virtual time from the first drain signal), and what the
     //! report says.
     use super::*;
-    use std::collections::BTreeMap;
     use tokio::sync::mpsc;
 
-    use crate::procs::Proc;
-    use crate::reaper::{Waited, Waiter};
+    use crate::tree::fake::{FakeTree, Reacts, ms, received};
 
     const CHILD: i32 = 4_000_000;
-
-    /// How a fake process answers a signal.
-    #[derive(Clone, Copy)]
-    enum Reacts {
-        /// Exits (killed by the signal) this long after a TERM, INT or QUIT.
-        ExitsAfter(Duration),
-        /// Ignores everything but SIGKILL.
-        Ignores,
-    }
-
-    struct FakeProc {
-        pgid: i32,
-        reacts: Reacts,
-        /// Ended, not yet reaped.
-        ended: Option<ChildExit>,
-    }
-
-    /// A tree of fake processes, all children of drainit. A process's end
-    /// raises SIGCHLD on the driver's signal channel.
-    struct FakeTree {
-        me: i32,
-        procs: RefCell<BTreeMap<i32, FakeProc>>,
-        /// Every signal sent, with the virtual instant.
-        sent: RefCell<Vec<(Instant, i32, Signal)>>,
-        chld: mpsc::UnboundedSender<Vec<signals::Received>>,
-        me_weak: RefCell<std::rc::Weak<FakeTree>>,
-    }
-
-    impl FakeTree {
-        fn add(&self, pid: i32, pgid: i32, reacts: Reacts) {
-            let p = FakeProc {
-                pgid,
-                reacts,
-                ended: None,
-            };
-            self.procs.borrow_mut().insert(pid, p);
-        }
-
-        fn end(&self, pid: i32, exit: ChildExit) {
-            if let Some(p) = self.procs.borrow_mut().get_mut(&pid)
-                && p.ended.is_none()
-            {
-                p.ended = Some(exit);
-            }
-            let _ = self.chld.send(vec![received(Signal::CHLD)]);
-        }
-
-        fn proc(&self, pid: i32, p: &FakeProc) -> Proc {
-            Proc {
-                pid,
-                ppid: self.me,
-                pgid: p.pgid,
-                comm: "fake".into(),
-                start: 1,
-                zombie: p.ended.is_some(),
-                killed: p.ended == Some(ChildExit::Signal(Signal::KILL)),
-                stopped: false,
-                ended_by: match p.ended {
-                    Some(ChildExit::Signal(s)) => s.0,
-                    _ => 0,
-                },
-            }
-        }
-
-        fn deliver(&self, pid: i32, sig: Signal) {
-            let reacts = match self.procs.borrow().get(&pid) {
-                Some(p) if p.ended.is_none() => p.reacts,
-                _ => return,
-            };
-            match (sig, reacts) {
-                (Signal::KILL, _) => self.end(pid, ChildExit::Signal(Signal::KILL)),
-                (sig, Reacts::ExitsAfter(d))
-                    if [Signal::TERM, Signal::INT, Signal::QUIT].contains(&sig) =>
-                {
-                    let me = self.me_weak.borrow().upgrade().expect("the tree lives");
-                    tokio::task::spawn_local(async move {
-                        tokio::time::sleep(d).await;
-                        me.end(pid, ChildExit::Signal(sig));
-                    });
-                }
-                _ => {}
-            }
-        }
-    }
-
-    impl Tree for FakeTree {
-        fn is_own_namespace(&self) -> bool {
-            true
-        }
-        fn stat_of(&self, pid: i32) -> Option<Proc> {
-            self.procs.borrow().get(&pid).map(|p| self.proc(pid, p))
-        }
-        fn comm(&self, _pid: i32) -> Option<String> {
-            Some("fake".into())
-        }
-        fn descendants(&self, _root: i32, _exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
-            let procs = self.procs.borrow();
-            Ok(procs
-                .iter()
-                .filter(|(_, p)| p.ended.is_none())
-                .map(|(pid, p)| self.proc(*pid, p))
-                .collect())
-        }
-        fn visit(
-            &self,
-            _root: i32,
-            _exclude: &HashSet<i32>,
-            f: &mut dyn FnMut(&Proc),
-        ) -> std::io::Result<()> {
-            let all: Vec<Proc> = {
-                let procs = self.procs.borrow();
-                procs.iter().map(|(pid, p)| self.proc(*pid, p)).collect()
-            };
-            all.iter().for_each(f);
-            Ok(())
-        }
-        fn children(&self, _pid: i32) -> std::io::Result<Option<Vec<i32>>> {
-            Ok(Some(self.procs.borrow().keys().copied().collect()))
-        }
-        fn kill(&self, target: i32, sig: Signal) -> std::io::Result<()> {
-            self.sent.borrow_mut().push((Instant::now(), target, sig));
-            let pids: Vec<i32> = {
-                let procs = self.procs.borrow();
-                procs
-                    .iter()
-                    .filter(|(pid, p)| match target {
-                        -1 => true,
-                        t if t < 0 => p.pgid == -t,
-                        t => **pid == t,
-                    })
-                    .map(|(pid, _)| *pid)
-                    .collect()
-            };
-            if pids.is_empty() {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            pids.into_iter().for_each(|pid| self.deliver(pid, sig));
-            Ok(())
-        }
-    }
-
-    impl Waiter for FakeTree {
-        fn has_children(&self) -> bool {
-            !self.procs.borrow().is_empty()
-        }
-        fn wait_pid(&self, pid: i32) -> Option<ChildExit> {
-            let mut procs = self.procs.borrow_mut();
-            let exit = procs.get(&pid)?.ended?;
-            procs.remove(&pid);
-            Some(exit)
-        }
-        fn wait_any(&self) -> Waited {
-            let mut procs = self.procs.borrow_mut();
-            let ended = procs.iter().find_map(|(pid, p)| p.ended.map(|e| (*pid, e)));
-            match ended {
-                Some((pid, exit)) => {
-                    procs.remove(&pid);
-                    Waited::Exited(pid, exit)
-                }
-                None if procs.is_empty() => Waited::NoChildren,
-                None => Waited::NoneExited,
-            }
-        }
-    }
-
-    fn received(signal: Signal) -> signals::Received {
-        signals::Received { signal, sender: 1 }
-    }
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
 
     struct World {
         tree: Rc<FakeTree>,
@@ -1480,15 +997,13 @@ mod tests {
     /// A driver over a fake tree with one main child (`CHILD`, reacting as
     /// `child`), configured by `flags`.
     fn world(flags: &[&str], child: Reacts) -> World {
+        world_with(flags, child, |_| {})
+    }
+
+    /// As [`world`], with the configuration changed by `tweak` after loading.
+    fn world_with(flags: &[&str], child: Reacts, tweak: impl FnOnce(&mut Config)) -> World {
         let (signals_tx, signals_rx) = mpsc::unbounded_channel();
-        let tree = Rc::new(FakeTree {
-            me: std::process::id() as i32,
-            procs: RefCell::new(BTreeMap::new()),
-            sent: RefCell::new(Vec::new()),
-            chld: signals_tx.clone(),
-            me_weak: RefCell::new(std::rc::Weak::new()),
-        });
-        *tree.me_weak.borrow_mut() = Rc::downgrade(&tree);
+        let tree = FakeTree::new(signals_tx.clone());
         tree.add(CHILD, CHILD, child);
         let mut args: Vec<std::ffi::OsString> =
             vec!["drainit".into(), "--probe-addr".into(), "off".into()];
@@ -1500,12 +1015,13 @@ mod tests {
                 None
             }
         }
-        let cfg = crate::config::load_from(args, &NoEnv).expect("valid flags");
+        let mut cfg = crate::config::load_from(args, &NoEnv).expect("valid flags");
+        tweak(&mut cfg);
         let reaper = Rc::new(RefCell::new(Reaper::with_waiter(tree.clone())));
         reaper.borrow_mut().set_main(CHILD);
         let (state_tx, _) = watch::channel(Published::new());
         let readiness = Readiness {
-            checks: Checks::new(Vec::new(), reaper.clone()),
+            checks: Checks::new(Vec::new(), reaper.clone(), Launcher::default()),
             app_ready: None,
         };
         let driver = Driver::with_tree(
@@ -1722,6 +1238,34 @@ mod tests {
             assert_eq!(report["reason"], "drained", "{report}");
             assert_eq!(report["exit_code"], 0);
             assert_eq!(report["signal"], "SIGTERM");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_readyz_asked_before_t0_arrives_as_an_event_and_the_default_delay_applies() {
+        local(async {
+            // The default delay, as when the probe server is on outside Kubernetes.
+            let routed = |cfg: &mut Config| {
+                cfg.pre_drain_delay_rule = DelayRule::WhenRouted;
+                cfg.pre_drain_delay = Duration::from_secs(5);
+            };
+            for ask in [false, true] {
+                let (asked, asked_rx) = crate::published::ReadyzAsked::channel();
+                let mut w = world_with(&[], Reacts::ExitsAfter(ms(10)), routed);
+                w.driver = w.driver.with_readyz_asked(asked_rx);
+                if ask {
+                    tokio::task::spawn_local(async move {
+                        tokio::time::sleep(ms(100)).await;
+                        asked.note();
+                        asked.note();
+                    });
+                }
+                let (report, sent) = w.run(ms(1000), &[]).await;
+                let delay = if ask { 5000 } else { 0 };
+                assert_eq!(sent, vec![(delay, CHILD, Signal::TERM)], "asked: {ask}");
+                assert_eq!(report["drain"]["pre_drain_delay_ms"], delay);
+            }
         })
         .await;
     }

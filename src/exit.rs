@@ -1,4 +1,4 @@
-//! drainit's exit codes: the table of DESIGN §3, in one place.
+//! drainit's exit codes: the README's table (Exit codes), in one place.
 //!
 //! Owns: the numbers. Must not: decide which one applies (the drain machine does
 //! after the spawn, the configuration and `main` before it). Every code drainit

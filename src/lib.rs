@@ -32,12 +32,18 @@
 //! child (or its group), after `--rewrite`; 32 and 33, the C libraries' own, are
 //! dropped.
 //!
-//! **Who kills.** Only the [`tree`] module sends signals (`tree::kill`, the one
-//! `kill(2)` call): the forward, the leftovers' drain signal, every SIGKILL (the
-//! deadline's, a teardown step's, an exec check's that timed out). The
-//! [`driver`] asks for them, and only for processes it has just seen alive and
-//! unreaped, in the same synchronous step, on the one runtime thread that also
-//! reaps: a pid is never signalled after it was reaped.
+//! **Who kills.** Only the [`tree`] module decides who gets a signal and sends it
+//! (the one `kill(2)` call is private to it): its `AppTree` forwards to the main
+//! child or its group, gives the leftovers the drain signal once each, SIGKILLs
+//! at the deadline and chases what forks while the kill settles, and keeps what
+//! those decisions need (who was signalled, whether processes from outside the
+//! namespace are left, the process ledger the report reads); a teardown step's
+//! and a timed-out exec check's SIGKILL go through it too. The drain machine
+//! decides *when*; the [`driver`] asks the tree in the step the machine orders it,
+//! on the one runtime thread that also reaps, and turns the counts the tree
+//! returns (killed, unkillable) into events. The tree signals only processes it
+//! has just seen alive and unreaped, in that same synchronous step: a pid is
+//! never signalled after it was reaped.
 //! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
 //! process of this PID namespace". Signal first, account after: the forward and the
 //! SIGKILL are sent before any `/proc` walk that only counts (in a tree of
@@ -51,7 +57,13 @@
 //! `draining` (so `/readyz` answers 503) and the in-flight descendants are counted.
 //! Beat 2: the app keeps serving for the pre-drain delay while load balancers
 //! catch up (by default only when something routes by readiness: Kubernetes, or a
-//! client that asked `/readyz`; else 0). Beat 3, at T0 + delay: the drain signal is forwarded once to the main
+//! client that asked `/readyz`, which reached the driver as an event before T0;
+//! else 0). Then the drain phases (`[[drain.phase]]`, [`phases`]), if any: one
+//! after another on one budget, while the app still serves and the proxy still
+//! admits; each a helper process in its own group (or a POST to the app) that the
+//! tree cancels and kills when the machine says. Beat 3, when the delay and the
+//! phases are over (T0 + delay without phases; the deadline then counts from
+//! there): the drain signal is forwarded once to the main
 //! child (or its group); when the child has exited, every remaining descendant gets
 //! it too, once; at T0 + delay + drain timeout whatever is left is SIGKILLed and
 //! counted *abandoned*. While beat 3 waits, a progress line each second says what
@@ -83,16 +95,30 @@
 //! per sender per batch. Readiness first passes when every check and, with
 //! `--ready-notify`, the app's `READY=1` have passed; from then on `/readyz`
 //! re-evaluates the checks per request, concurrent requests sharing one evaluation.
-//! The probe server also answers `/metrics` (Prometheus text): counters that the
-//! supervisor, the checks and the probe server record in [`metrics`], and the
-//! phase, readiness and live descendants read at scrape time.
+//! The first `/readyz` asked (or the proxy's health path) is an event: the probe
+//! server, or the proxy's thread, notes it on a watch channel
+//! (`published::ReadyzAsked`) that the driver selects on, and the drain machine
+//! remembers it for the pre-drain delay. The probe server also answers `/metrics`
+//! (Prometheus text): the counters the supervisor and the probe server record in
+//! a [`metrics::Metrics`] handle, the checks' own run counts, and the phase,
+//! readiness and live descendants read at scrape time.
+//!
+//! **Nothing shared through globals.** `main` makes every handle and channel (the
+//! metrics, the readiness channels, the [`spawn::Launcher`] that gives every
+//! process drainit starts the mask, SIGPIPE disposition and directory drainit
+//! started with) and hands each to the modules that use it; the graph of the
+//! modules has no cycle, inside `proxy/` too (its files stand on `shared.rs`,
+//! and the ways to the app are handed down to the request path). What stays process-wide is so by nature and private to its module:
+//! the logger (the `log` facade installs one `'static` logger), and the signal
+//! mask found by the constructor that runs before `main` ([`signals`]).
 //!
 //! **Threads.** One: the supervisor, the reaper, the probe server, the checks and
 //! the notify socket are tasks of a single-threaded tokio runtime. A second thread
 //! exists only if stderr falls behind ([`logging`]): log lines then go to a writer
 //! thread through a bounded queue, so a stderr nobody reads never blocks the loop.
-//! With `--proxy`, the admission proxy has threads of its own ([`proxy`]): its
-//! runtime's workers (`--proxy-threads`) and one that waits for its stop.
+//! With `--proxy`, the admission proxy has threads of its own ([`proxy`]): one
+//! with a current-thread runtime, or a multi-thread runtime's workers
+//! (`--proxy-threads`) and one that waits for its stop.
 //! Every thread blocks the caught signals (they inherit the block made before
 //! `main`).
 //!
@@ -112,10 +138,13 @@ pub mod exit;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod phases;
 pub mod probe;
 pub mod probe_client;
 pub mod procs;
-pub mod proxy;
+/// The admission proxy (`--proxy`), a crate of its own (proxy/, built for
+/// speed), under the name the rest of drainit uses.
+pub use drainit_proxy as proxy;
 pub mod published;
 pub mod reaper;
 pub mod report;

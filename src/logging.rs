@@ -25,6 +25,12 @@
 //! "N log lines dropped" once there is room again). Nothing written directly ever
 //! overtakes a queued line.
 //!
+//! Why its state is in statics (`DIRECT`, `QUEUE`, `FORMAT`, `JOURNAL`,
+//! `EMITTING`, `FINAL_DONE`), all private to this module: the `log` facade takes
+//! one `'static` logger for the whole process, and every thread's `log::info!`
+//! reaches it there; [`write_final`] and [`flush`] must reach the same queue.
+//! No other module reads or writes them; they hold only how to write a line.
+//!
 //! Invariant: write errors are ignored (a closed stderr must never panic drainit,
 //! CONVENTIONS pitfall 9), and the exit report is the last line drainit writes: the
 //! writer thread stops after it.

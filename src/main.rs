@@ -11,15 +11,19 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::rc::Rc;
 
+use tokio::sync::mpsc;
+
 use drainit::checks::CheckKind;
 use drainit::checks::Checks;
 use drainit::config::{self, ProbeAddr, ProcessEnv};
-use drainit::driver::Driver;
+use drainit::driver::{Driver, Readiness};
 use drainit::exit;
 use drainit::logging;
+use drainit::metrics::Metrics;
 use drainit::notify::{self, AppSocket, Systemd};
 use drainit::probe;
-use drainit::published::Published;
+use drainit::proxy::Proxy;
+use drainit::published::{Published, ReadinessAsk, ReadinessAsks, ReadyzAsked};
 use drainit::reaper::Reaper;
 use drainit::report::Report;
 use drainit::signals::{self, SignalStream};
@@ -38,9 +42,9 @@ use drainit::util::io_word_or_text;
 #[allow(unsafe_code)]
 extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
     use std::os::unix::ffi::OsStrExt;
-    if std_start().is_err() {
+    let Ok(sigpipe_ignored) = std_start() else {
         return exit::INTERNAL;
-    }
+    };
     // SAFETY: the C runtime passes `argc` valid NUL-terminated strings in `argv`.
     let args: Vec<OsString> = (0..usize::try_from(argc).unwrap_or(0))
         .map(|i| unsafe {
@@ -49,7 +53,7 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
         })
         .collect();
     // A panic outside the runtime's tasks is drainit failing (1), not an abort.
-    let code = std::panic::catch_unwind(|| run(args)).unwrap_or(exit::INTERNAL);
+    let code = std::panic::catch_unwind(|| run(args, sigpipe_ignored)).unwrap_or(exit::INTERNAL);
     // Exits without a report (errors before the spawn, --check-config) must not
     // lose queued log lines; the wait is bounded, a stuck stderr cannot hold it.
     logging::flush(logging::FINAL_WRITE_BOUND);
@@ -65,8 +69,8 @@ extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc:
 /// stays pending until the signalfd reads it; one that arrives earlier finds the
 /// default disposition: it kills drainit, or, as PID 1 of a PID namespace, the
 /// kernel discards it (bench/startrace.sh measures the window that is left, and
-/// README says how a launcher closes it). `.preinit_array` would run a little
-/// earlier under glibc, but musl never runs it.
+/// docs/processes-and-signals.md says how a launcher closes it). `.preinit_array`
+/// would run a little earlier under glibc, but musl never runs it.
 ///
 /// Only a system call (`rt_sigprocmask`) and a `OnceLock` store: nothing here
 /// depends on the C library's or std's state. An error is not reported here:
@@ -85,13 +89,13 @@ extern "C" fn block_signals_first() {
 /// one becomes /dev/null, so no socket or file of drainit's lands on it), and
 /// SIGPIPE is ignored in drainit (a write to a closed pipe or socket is an error,
 /// not death; what drainit starts gets the disposition drainit inherited, see
-/// `spawn`).
+/// `spawn`). Returns whether SIGPIPE was ignored when drainit started.
 ///
 /// # Errors
 /// A closed fd 0–2 could not be reopened (no `/dev/null`): drainit must not run,
 /// as std would have aborted (the caller exits 1; with no stderr, silently).
 #[allow(unsafe_code)]
-fn std_start() -> Result<(), ()> {
+fn std_start() -> Result<bool, ()> {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
         events: 0,
@@ -123,11 +127,10 @@ fn std_start() -> Result<(), ()> {
             }
         }
     }
-    // What drainit inherited is what its children get (`spawn`).
+    // What drainit inherited is what its children get (`spawn::Launcher`).
     // SAFETY: signal(2) with SIG_IGN installs no handler.
     let inherited = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    spawn::inherit_sigpipe_ignored(inherited == libc::SIG_IGN);
-    Ok(())
+    Ok(inherited == libc::SIG_IGN)
 }
 
 /// The fds ≥ 3 drainit inherited (socket activation, or a leak of the caller's):
@@ -148,7 +151,9 @@ fn inherited_fds() -> Vec<i32> {
         .collect()
 }
 
-fn run(args: Vec<OsString>) -> i32 {
+/// Everything between the C `main` and the exit code; `sigpipe_ignored`: as
+/// drainit found SIGPIPE at its start.
+fn run(args: Vec<OsString>, sigpipe_ignored: bool) -> i32 {
     // The caught signals were blocked before `main` (`block_signals_first`); this
     // returns the mask found then, or blocks them now if that failed, and says why
     // if it fails again. Before any thread exists: every later thread inherits the
@@ -176,12 +181,15 @@ fn run(args: Vec<OsString>) -> i32 {
         Err(code) => return code,
     };
     if let Some(path) = cfg.probe_client {
-        // A health-check client: one request, no child, no logger (DESIGN §12).
+        // A health-check client: one request, no child, no logger (docs/probes.md, The health-check client).
         return drainit::probe_client::run(path, &cfg.probe_addr);
     }
     logging::init(cfg.log_format, cfg.log_level);
     warn_unrunnable(&cfg);
-    anchor_paths(&mut cfg);
+    let mut launcher = spawn::Launcher::new(mask, sigpipe_ignored);
+    if let Some(dir) = anchor_paths(&mut cfg) {
+        launcher = launcher.with_start_dir(dir);
+    }
     if cfg.check_config {
         let _ = std::io::stdout().write_all(cfg.render().as_bytes());
         let budget = cfg.budget();
@@ -191,52 +199,51 @@ fn run(args: Vec<OsString>) -> i32 {
         return exit::CLEAN;
     }
     log_budget(&cfg);
-    let listener = match bind_probe(&cfg.probe_addr) {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
-    // The admission proxy's socket, bound before the spawn like the probe's.
-    // Its thread starts before the spawn too: no half-started child if it cannot.
-    // Nothing of it is built without --proxy.
+    match prepare(cfg, env, launcher, inherited) {
+        Ok(setup) => supervise(setup),
+        Err(code) => code,
+    }
+}
+
+/// Everything fallible of the start that is not configuration, done before the
+/// spawn, and the channels `main` wires between the tasks.
+struct Setup {
+    cfg: config::Config,
+    env: ProcessEnv,
+    /// Starts the child, the exec checks and the teardown steps.
+    launcher: spawn::Launcher,
+    inherited: Vec<i32>,
+    listener: Option<std::net::TcpListener>,
+    proxy: Option<Proxy>,
+    /// The proxy's health path asks here what `/readyz` would answer.
+    ready_asks: Option<mpsc::Receiver<ReadinessAsk>>,
+    /// Noted by the probe server (and the proxy): "a client asked `/readyz`".
+    asked: ReadyzAsked,
+    /// The driver's end of `asked`.
+    asked_rx: tokio::sync::watch::Receiver<bool>,
+    systemd: Option<Rc<Systemd>>,
+    app_socket: Option<AppSocket>,
+}
+
+/// Binds the probe socket, starts the proxy and binds the notify socket, before
+/// the spawn: a taken port or a refused thread never leaves a half-started app.
+///
+/// # Errors
+/// The exit code, after logging why (78 for an address the user gave that is
+/// taken, 1 for the rest).
+fn prepare(
+    cfg: config::Config,
+    env: ProcessEnv,
+    launcher: spawn::Launcher,
+    inherited: Vec<i32>,
+) -> Result<Setup, i32> {
+    let listener = bind_probe(&cfg.probe_addr)?;
+    let (asked, asked_rx) = ReadyzAsked::channel();
     let (proxy, ready_asks) = match &cfg.proxy {
-        Some(spec) => match drainit::proxy::bind(spec.listen) {
-            Ok(l) => {
-                let (ready_ask, ready_asks) = tokio::sync::mpsc::channel(64);
-                // `auto` reads the affinity mask and the cgroup quota: once.
-                let threads = cfg.proxy_threads();
-                match drainit::proxy::Proxy::start(
-                    l,
-                    *spec,
-                    cfg.proxy_health.clone(),
-                    ready_ask,
-                    cfg.stream_spread(),
-                    threads,
-                ) {
-                    Ok(p) => {
-                        log::info!(
-                            "proxy: {} -> {} ({} thread(s))",
-                            spec.listen,
-                            spec.upstream,
-                            threads
-                        );
-                        (Some(p), Some(ready_asks))
-                    }
-                    Err(e) => {
-                        log::error!("starting the proxy failed: {e}");
-                        return exit::INTERNAL;
-                    }
-                }
-            }
-            Err(e) => {
-                log::error!(
-                    "binding the proxy address {} ({}) failed: {}",
-                    spec.listen,
-                    cfg.proxy_given_by,
-                    drainit::util::io_word_or_text(&e)
-                );
-                return exit::CONFIG;
-            }
-        },
+        Some(spec) => {
+            let (p, rx) = start_proxy(&cfg, spec, asked.clone())?;
+            (Some(p), Some(rx))
+        }
         None => (None, None),
     };
     // sd_notify: drainit's own service manager, and the child's socket (bound
@@ -247,13 +254,82 @@ fn run(args: Vec<OsString>) -> i32 {
             Ok(s) => Some(s),
             Err(e) => {
                 log::error!("creating the notify socket failed: {e}");
-                return exit::INTERNAL;
+                return Err(exit::INTERNAL);
             }
         }
     } else {
         None
     };
+    Ok(Setup {
+        cfg,
+        env,
+        launcher,
+        inherited,
+        listener,
+        proxy,
+        ready_asks,
+        asked,
+        asked_rx,
+        systemd,
+        app_socket,
+    })
+}
 
+/// The admission proxy's socket, bound before the spawn like the probe's. Its
+/// thread starts before the spawn too: no half-started child if it cannot.
+/// Nothing of it is built without --proxy. Returns it with the receiving end of
+/// its readiness asks.
+///
+/// # Errors
+/// 78 when its address cannot be bound, 1 when its threads cannot start
+/// (logged).
+fn start_proxy(
+    cfg: &config::Config,
+    spec: &config::ProxySpec,
+    asked: ReadyzAsked,
+) -> Result<(Proxy, mpsc::Receiver<ReadinessAsk>), i32> {
+    let l = match drainit::proxy::bind(spec.listen) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!(
+                "binding the proxy address {} ({}) failed: {}",
+                spec.listen,
+                cfg.proxy_given_by,
+                drainit::util::io_word_or_text(&e)
+            );
+            return Err(exit::CONFIG);
+        }
+    };
+    let (ready_ask, ready_asks) = mpsc::channel(64);
+    // `auto` reads the affinity mask and the cgroup quota: once.
+    let threads = cfg.proxy_threads();
+    match Proxy::start(
+        l,
+        *spec,
+        cfg.proxy_health.clone(),
+        ReadinessAsks::new(ready_ask, asked),
+        cfg.stream_spread(),
+        threads,
+    ) {
+        Ok(p) => {
+            log::info!(
+                "proxy: {} -> {} ({} thread(s))",
+                spec.listen,
+                spec.upstream,
+                threads
+            );
+            Ok((p, ready_asks))
+        }
+        Err(e) => {
+            log::error!("starting the proxy failed: {e}");
+            Err(exit::INTERNAL)
+        }
+    }
+}
+
+/// Becomes a subreaper, starts the runtime and runs the supervisor to its exit
+/// code.
+fn supervise(setup: Setup) -> i32 {
     let is_pid1 = std::process::id() == 1;
     if !is_pid1 && let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         log::warn!("becoming a child subreaper failed: {e}; orphans will pass drainit by");
@@ -277,91 +353,116 @@ fn run(args: Vec<OsString>) -> i32 {
     let local = tokio::task::LocalSet::new();
     // Boxed: the future holds the whole supervisor; on the heap it is built once
     // instead of being moved through the stack.
-    local.block_on(
-        &runtime,
-        Box::pin(async move {
-            let signal_stream = match SignalStream::open() {
-                Ok(s) => s,
-                Err(e) => {
-                    log::error!("opening the signalfd failed: {e}");
-                    return exit::INTERNAL;
-                }
-            };
-            let reaper = Rc::new(RefCell::new(Reaper::new()));
-            let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
-            let checks = Checks::new(cfg.checks.clone(), reaper.clone());
+    local.block_on(&runtime, Box::pin(spawn_and_supervise(setup)))
+}
 
-            let spec = child_spec(
-                &cfg,
-                env.into_vars(),
-                app_socket
-                    .as_ref()
-                    .map(AppSocket::child_env)
-                    .unwrap_or_default(),
-            );
-            let pid = match spawn::spawn_child(&spec, mask, spawn::owns_terminal()) {
-                Ok(pid) => pid,
-                Err(e) => {
-                    log::error!("{e}");
-                    let report = Report::spawn_failed(e.exit_code(), e.kind());
-                    report.write(cfg.report_file.as_deref());
-                    return e.exit_code();
-                }
-            };
-            reaper.borrow_mut().set_main(pid);
-            match &spec.user {
-                Some(u) => log::info!(
-                    "started {} as pid {pid}, user {} (uid {}, gid {})",
-                    spec.argv[0].to_string_lossy(),
-                    u.spec,
-                    u.uid,
-                    u.gid
-                ),
-                None => log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy()),
-            }
-            hold_nothing(&inherited);
+/// On the runtime: the signalfd, the spawn, the tasks around the child (probe
+/// server, readiness answers, notify), then the driver to its report.
+async fn spawn_and_supervise(setup: Setup) -> i32 {
+    let Setup {
+        cfg,
+        env,
+        launcher,
+        inherited,
+        listener,
+        proxy,
+        ready_asks,
+        asked,
+        asked_rx,
+        systemd,
+        app_socket,
+    } = setup;
+    let signal_stream = match SignalStream::open() {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("opening the signalfd failed: {e}");
+            return exit::INTERNAL;
+        }
+    };
+    let reaper = Rc::new(RefCell::new(Reaper::new()));
+    let (state_tx, state_rx) = tokio::sync::watch::channel(Published::new());
+    let checks = Checks::new(cfg.checks.clone(), reaper.clone(), launcher.clone());
+    let metrics = Metrics::default();
 
-            if let Some(ready_asks) = ready_asks {
-                tokio::task::spawn_local(probe::answer_readiness(
-                    ready_asks,
-                    state_rx.clone(),
-                    checks.clone(),
-                ));
-            }
-            if let Some(l) = listener {
-                tokio::task::spawn_local(probe::serve(l, state_rx, checks.clone()));
-            }
-            let report_file = cfg.report_file.clone();
-            let app_ready = app_socket.map(|sock| {
-                let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-                tokio::task::spawn_local(sock.serve(
-                    pid,
-                    state_tx.clone(),
-                    ready_tx,
-                    systemd.clone(),
-                ));
-                ready_rx
-            });
-            if let Some(s) = systemd {
-                // EXTEND_TIMEOUT_USEC at T0: the whole budget, plus the settle after SIGKILL.
-                let extend = cfg.budget().total() + drainit::drain::KILL_SETTLE;
-                tokio::task::spawn_local(notify::follow(
-                    s,
-                    state_tx.subscribe(),
-                    extend,
-                    app_ready.is_none(),
-                ));
-            }
-            let mut supervisor =
-                Driver::new(cfg, reaper, signal_stream, state_tx, checks, app_ready, pid);
-            if let Some(p) = proxy {
-                supervisor = supervisor.with_proxy(p);
-            }
-            let report = supervisor.run().await;
-            report.write(report_file.as_deref());
-            report.exit_code
-        }),
+    let notify_env = app_socket
+        .as_ref()
+        .map(AppSocket::child_env)
+        .unwrap_or_default();
+    let spec = child_spec(&cfg, env.into_vars(), notify_env);
+    let pid = match launcher.spawn_child(&spec, spawn::owns_terminal()) {
+        Ok(pid) => pid,
+        Err(e) => {
+            log::error!("{e}");
+            let report = Report::spawn_failed(e.exit_code(), e.kind());
+            report.write(cfg.report_file.as_deref());
+            return e.exit_code();
+        }
+    };
+    reaper.borrow_mut().set_main(pid);
+    log_started(&spec, pid);
+    hold_nothing(&inherited);
+
+    if let Some(ready_asks) = ready_asks {
+        let answers = probe::answer_readiness(ready_asks, state_rx.clone(), checks.clone());
+        tokio::task::spawn_local(answers);
+    }
+    if let Some(l) = listener {
+        let proxy_stats = proxy.as_ref().map(drainit::proxy::Proxy::stats);
+        let server = probe::serve(
+            l,
+            state_rx,
+            checks.clone(),
+            metrics.clone(),
+            asked,
+            proxy_stats,
+        );
+        tokio::task::spawn_local(server);
+    }
+    let report_file = cfg.report_file.clone();
+    let app_ready = app_socket.map(|sock| {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let notify = sock.serve(pid, state_tx.clone(), ready_tx, systemd.clone());
+        tokio::task::spawn_local(notify);
+        ready_rx
+    });
+    if let Some(s) = systemd {
+        // EXTEND_TIMEOUT_USEC at T0: the whole budget, plus the settle after SIGKILL.
+        let extend = cfg.budget().total() + drainit::drain::KILL_SETTLE;
+        let follow = notify::follow(s, state_tx.subscribe(), extend, app_ready.is_none());
+        tokio::task::spawn_local(follow);
+    }
+    let readiness = Readiness { checks, app_ready };
+    let mut supervisor = Driver::new(
+        cfg,
+        reaper,
+        signal_stream,
+        state_tx,
+        readiness,
+        launcher,
+        pid,
     )
+    .with_metrics(metrics)
+    .with_readyz_asked(asked_rx);
+    if let Some(p) = proxy {
+        supervisor = supervisor.with_proxy(p);
+    }
+    let report = supervisor.run().await;
+    report.write(report_file.as_deref());
+    report.exit_code
+}
+
+/// The start line: the command, its pid, and the user it runs as.
+fn log_started(spec: &ChildSpec, pid: i32) {
+    match &spec.user {
+        Some(u) => log::info!(
+            "started {} as pid {pid}, user {} (uid {}, gid {})",
+            spec.argv[0].to_string_lossy(),
+            u.spec,
+            u.uid,
+            u.gid
+        ),
+        None => log::info!("started {} as pid {pid}", spec.argv[0].to_string_lossy()),
+    }
 }
 
 /// The configuration, or the exit code after printing why not: `--help` and
@@ -386,12 +487,24 @@ fn load_config(args: Vec<OsString>, env: &ProcessEnv) -> Result<config::Config, 
 fn log_budget(cfg: &config::Config) {
     let budget = cfg.budget();
     let delay_note = cfg.pre_drain_delay_note();
+    let platform = cfg.platform_note();
     if budget.fits() {
-        log::info!("grace budget: {budget}; {delay_note}");
+        log::info!("grace budget: {budget}; {delay_note}; {platform}");
     } else {
         log::warn!(
-            "grace budget: {budget}; {delay_note}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
+            "grace budget: {budget}; {delay_note}; {platform}; the platform may SIGKILL mid-drain (raise --grace-period or shorten the drain)"
         );
+    }
+    // docs/drain-phases.md: a phase without `max` may take everything left of the budget.
+    let n = cfg.phases.len();
+    for p in cfg.phases.iter().take(n.saturating_sub(1)) {
+        if p.max.is_none() {
+            log::warn!(
+                "drain phase '{}' has no max and comes before another: it may take the whole phase budget ({}) and leave the next ones nothing",
+                p.name,
+                drainit::util::fmt_ms(cfg.phase_budget)
+            );
+        }
     }
 }
 
@@ -482,22 +595,24 @@ fn warn_unrunnable(cfg: &config::Config) {
         CheckKind::Exec(argv) => Some(("exec check", c.name.as_str(), argv)),
         _ => None,
     });
-    for (what, name, argv) in steps.chain(checks) {
+    let phases = cfg.phases.iter().filter_map(|p| match &p.action {
+        config::PhaseAction::Command(argv) => Some(("drain phase", p.name.as_str(), argv)),
+        config::PhaseAction::Post(_) => None,
+    });
+    for (what, name, argv) in steps.chain(checks).chain(phases) {
         if let Some(program) = argv.first().filter(|p| !spawn::runnable(p)) {
             log::warn!("{what} '{name}': '{program}' is not an executable file here (yet)");
         }
     }
 }
 
-/// After the spawn: close the inherited fds (the child has its copies) and leave
-/// the working directory, so drainit never holds a socket open or pins a mount.
 /// drainit moves to `/` after the spawn (it must pin no mount), so every relative
 /// path it uses later is anchored now to the directory it was started in: the
 /// report file, file checks, and the directory exec checks and teardown steps run in.
-fn anchor_paths(cfg: &mut config::Config) {
-    let Ok(cwd) = std::env::current_dir() else {
-        return;
-    };
+///
+/// Returns the directory drainit was started in (`None` when it cannot be read).
+fn anchor_paths(cfg: &mut config::Config) -> Option<std::path::PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
     if let Some(p) = cfg.report_file.as_mut() {
         *p = cwd.join(&*p);
     }
@@ -506,9 +621,11 @@ fn anchor_paths(cfg: &mut config::Config) {
             *p = cwd.join(&*p);
         }
     }
-    spawn::remember_start_dir(cwd);
+    Some(cwd)
 }
 
+/// After the spawn: close the inherited fds (the child has its copies) and leave
+/// the working directory, so drainit never holds a socket open or pins a mount.
 fn hold_nothing(inherited: &[i32]) {
     for &fd in inherited {
         let _ = nix::unistd::close(fd);

@@ -6,16 +6,15 @@
 //! are rendered to. What is a state rather than a count (phase, readiness, live
 //! descendants) is read at scrape time by the caller and passed in as a [`View`].
 //!
-//! Why one process-wide registry, like `log`'s logger, instead of a value passed
-//! down: the supervisor, the checks and the probe server all record here, and
-//! recording a fact must never need plumbing through every constructor. It is a
-//! `Mutex` of small maps, taken for a few hundred nanoseconds at a time by the one
-//! runtime thread; it allocates nothing until the first fact is recorded (idle
-//! costs nothing).
+//! The counters live in a [`Metrics`] handle that `main` makes and hands to
+//! the tasks that record (the supervisor, the probe server); the checks keep
+//! their own run counts ([`crate::checks::RunCounts`]), read at scrape time. All
+//! of them run on the one runtime thread: a `RefCell` of small vectors, which
+//! allocates nothing until the first fact is recorded (idle costs nothing).
 //!
 //! Why hand-written rather than the `prometheus-client` crate: the format is a few
 //! lines of text, and drainit's idle RSS has almost no room left under its 2×
-//! tini-static budget. Measured (README, Performance): `prometheus-client` 0.23.1
+//! tini-static budget. Measured at the time: `prometheus-client` 0.23.1
 //! added 56 KiB to a small static program doing what [`render`] does; this whole
 //! module and its callers added 24 KiB to drainit.
 //!
@@ -25,114 +24,77 @@
 //! Invariant: every metric is named `drainit_*` with its unit in the name, and has
 //! `# HELP` and `# TYPE` lines even before its first sample.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::rc::Rc;
 
+use crate::checks::{DURATION_BUCKETS, RunCounts};
 use crate::drain::Phase;
+use crate::signals::Signal;
+use crate::util::entry;
 
-/// Upper bounds of the check-duration histogram buckets, seconds (the Prometheus
-/// client libraries' defaults, which span a 1 s default check timeout well).
-pub const CHECK_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// The `Content-Type` of [`render`]'s output.
+/// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Label sets and their values, in the order first seen.
 #[derive(Default)]
-struct Histogram {
-    /// Non-cumulative counts per bucket of [`CHECK_BUCKETS`], then `+Inf`.
-    buckets: [u64; CHECK_BUCKETS.len() + 1],
-    sum: f64,
-    count: u64,
-}
-
-/// Label sets and their values, in the order first seen. Plain vectors, not
-/// maps: each holds a handful of entries (signals, checks, paths), and every map
-/// type would add its own code to the binary.
 struct Registry {
-    signals_forwarded: Vec<(String, u64)>,
-    signals_received: Vec<(String, u64)>,
-    /// `(check name, passed)` → runs.
-    checks: Vec<((String, bool), u64)>,
-    check_durations: Vec<(String, Histogram)>,
+    /// Keyed by the signal itself, named only when rendered: counting a
+    /// forward allocates nothing (it runs in the signal's path, `driver`).
+    signals_forwarded: Vec<(Signal, u64)>,
+    signals_received: Vec<(Signal, u64)>,
     /// `(path label, status)` → requests.
     probe_requests: Vec<((&'static str, u16), u64)>,
     orphans_reaped: u64,
+    /// `(phase name, outcome)` → drain phases ended so.
+    phases: Vec<((String, &'static str), u64)>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    signals_forwarded: Vec::new(),
-    signals_received: Vec::new(),
-    checks: Vec::new(),
-    check_durations: Vec::new(),
-    probe_requests: Vec::new(),
-    orphans_reaped: 0,
-});
+/// drainit's own counters: made by `main`, cloned to the supervisor (signals,
+/// orphans) and the probe server (requests), rendered by `/metrics`. A clone
+/// shares the counters.
+#[derive(Clone, Default)]
+pub struct Metrics(Rc<RefCell<Registry>>);
 
-/// The value for `key`, inserted as `V::default()` when new.
-fn entry<K: PartialEq, V: Default>(v: &mut Vec<(K, V)>, key: K) -> &mut V {
-    let i = match v.iter().position(|(k, _)| *k == key) {
-        Some(i) => i,
-        None => {
-            v.push((key, V::default()));
-            v.len() - 1
+impl Metrics {
+    /// drainit sent `signal` on (after `--rewrite`) `n` times: to the main child
+    /// or its group, or, as the drain signal, to `n` remaining descendants.
+    /// Rendered with the signal's name (`SIGTERM`) as its label.
+    pub fn signal_forwarded(&self, signal: Signal, n: u64) {
+        if n > 0 {
+            *entry(&mut self.0.borrow_mut().signals_forwarded, signal) += n;
         }
-    };
-    &mut v[i].1
-}
+    }
 
-fn registry() -> MutexGuard<'static, Registry> {
-    // A panic while holding the lock leaves counters that are still counters.
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
-}
+    /// drainit received `signal` (any but SIGCHLD), before rewriting.
+    pub fn signal_received(&self, signal: Signal) {
+        *entry(&mut self.0.borrow_mut().signals_received, signal) += 1;
+    }
 
-/// drainit sent `signal` on (after `--rewrite`): to the main child or its group,
-/// or, as the drain signal, to one remaining descendant. `signal` is its name
-/// (`SIGTERM`).
-pub fn signal_forwarded(signal: &str) {
-    *entry(&mut registry().signals_forwarded, signal.to_string()) += 1;
-}
+    /// The probe server answered a request for `path` with `status`. Paths other
+    /// than `/healthz`, `/readyz` and `/metrics` are counted as `other`, so a
+    /// scanner cannot grow the label set.
+    pub fn probe_request(&self, path: &str, status: u16) {
+        let path = match path {
+            "/healthz" => "/healthz",
+            "/readyz" => "/readyz",
+            "/metrics" => "/metrics",
+            _ => "other",
+        };
+        *entry(&mut self.0.borrow_mut().probe_requests, (path, status)) += 1;
+    }
 
-/// drainit received `signal` (any but SIGCHLD), before rewriting.
-pub fn signal_received(signal: &str) {
-    *entry(&mut registry().signals_received, signal.to_string()) += 1;
-}
+    /// Drain phase `name` (a configured name) ended with `outcome` (`ok`,
+    /// `failed`, `timed_out`, `canceled`, `abandoned`, `skipped`).
+    pub fn phase_ended(&self, name: &str, outcome: &'static str) {
+        *entry(&mut self.0.borrow_mut().phases, (name.to_string(), outcome)) += 1;
+    }
 
-/// One run of the check named `check` ended after `took`, passed or not (a
-/// timeout is a failure that took the timeout).
-pub fn check_ran(check: &str, passed: bool, took: Duration) {
-    let mut r = registry();
-    *entry(&mut r.checks, (check.to_string(), passed)) += 1;
-    let h = entry(&mut r.check_durations, check.to_string());
-    let secs = took.as_secs_f64();
-    let i = CHECK_BUCKETS
-        .iter()
-        .position(|le| secs <= *le)
-        .unwrap_or(CHECK_BUCKETS.len());
-    h.buckets[i] += 1;
-    h.sum += secs;
-    h.count += 1;
-}
-
-/// The probe server answered a request for `path` with `status`. Paths other
-/// than `/healthz`, `/readyz` and `/metrics` are counted as `other`, so a scanner
-/// cannot grow the label set.
-pub fn probe_request(path: &str, status: u16) {
-    let path = match path {
-        "/healthz" => "/healthz",
-        "/readyz" => "/readyz",
-        "/metrics" => "/metrics",
-        _ => "other",
-    };
-    *entry(&mut registry().probe_requests, (path, status)) += 1;
-}
-
-/// The reaper's running count of orphans reaped (processes that were not the
-/// main child or one of drainit's helpers).
-pub fn set_orphans_reaped(n: u64) {
-    registry().orphans_reaped = n;
+    /// The reaper's running count of orphans reaped (processes that were not the
+    /// main child or one of drainit's helpers).
+    pub fn set_orphans_reaped(&self, n: u64) {
+        self.0.borrow_mut().orphans_reaped = n;
+    }
 }
 
 /// The states read at scrape time.
@@ -148,24 +110,79 @@ pub struct View {
     pub descendants: Option<usize>,
 }
 
-/// The exposition text: every metric with its `# HELP` and `# TYPE` lines.
-///
-/// | metric | type | labels |
-/// |---|---|---|
-/// | `drainit_phase` | gauge | `phase`: 1 for the current phase, 0 for the others |
-/// | `drainit_ready` | gauge | |
-/// | `drainit_descendants` | gauge | |
-/// | `drainit_orphans_reaped_total` | counter | |
-/// | `drainit_signals_received_total` | counter | `signal` |
-/// | `drainit_signals_forwarded_total` | counter | `signal` |
-/// | `drainit_checks_total` | counter | `check`, `result` (`pass`, `fail`) |
-/// | `drainit_check_duration_seconds` | histogram | `check` |
-/// | `drainit_probe_requests_total` | counter | `path`, `status` |
-pub fn render(view: &View) -> String {
-    let r = registry();
-    let mut out = String::with_capacity(2048);
+impl Metrics {
+    /// The exposition text: every metric with its `# HELP` and `# TYPE` lines;
+    /// `checks`: the check runs so far.
+    ///
+    /// | metric | type | labels |
+    /// |---|---|---|
+    /// | `drainit_phase` | gauge | `phase`: 1 for the current phase, 0 for the others |
+    /// | `drainit_ready` | gauge | |
+    /// | `drainit_descendants` | gauge | |
+    /// | `drainit_orphans_reaped_total` | counter | |
+    /// | `drainit_signals_received_total` | counter | `signal` |
+    /// | `drainit_signals_forwarded_total` | counter | `signal` |
+    /// | `drainit_checks_total` | counter | `check`, `result` (`pass`, `fail`) |
+    /// | `drainit_check_duration_seconds` | histogram | `check` |
+    /// | `drainit_probe_requests_total` | counter | `path`, `status` |
+    /// | `drainit_drain_phases_total` | counter | `phase`, `outcome` |
+    ///
+    /// With `proxy` (`--proxy`), the admission proxy's metrics follow
+    /// (`render_proxy`).
+    pub fn render(
+        &self,
+        view: &View,
+        checks: &RunCounts,
+        proxy: Option<&crate::proxy::ProxyStats>,
+    ) -> String {
+        let r = self.0.borrow();
+        let mut out = String::with_capacity(2048);
+        render_states(&mut out, view);
+        head(
+            &mut out,
+            "drainit_orphans_reaped_total",
+            "counter",
+            "Processes re-parented to drainit and reaped by it.",
+        );
+        let _ = writeln!(out, "drainit_orphans_reaped_total {}", r.orphans_reaped);
+        render_signals(&mut out, &r);
+        render_checks(&mut out, checks);
+        head(
+            &mut out,
+            "drainit_probe_requests_total",
+            "counter",
+            "Requests the probe server answered, by path (/healthz, /readyz, /metrics, other) and status.",
+        );
+        for ((path, status), n) in &r.probe_requests {
+            let _ = writeln!(
+                out,
+                "drainit_probe_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
+            );
+        }
+        head(
+            &mut out,
+            "drainit_drain_phases_total",
+            "counter",
+            "Drain phases ended, by phase and outcome (ok, failed, timed_out, canceled, abandoned, skipped).",
+        );
+        for ((phase, outcome), n) in &r.phases {
+            let _ = writeln!(
+                out,
+                "drainit_drain_phases_total{{phase=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(phase)
+            );
+        }
+        if let Some(proxy) = proxy {
+            render_proxy(&mut out, proxy);
+        }
+        out
+    }
+}
+
+/// The states read at scrape time: phase, readiness, descendants.
+fn render_states(out: &mut String, view: &View) {
     head(
-        &mut out,
+        out,
         "drainit_phase",
         "gauge",
         "Lifecycle phase: 1 for the current one (starting, ready, draining, stopping).",
@@ -184,14 +201,14 @@ pub fn render(view: &View) -> String {
         );
     }
     head(
-        &mut out,
+        out,
         "drainit_ready",
         "gauge",
         "1 when /readyz answers 200 from what is known now (ready phase, last check evaluation passed).",
     );
     let _ = writeln!(out, "drainit_ready {}", u8::from(view.ready));
     head(
-        &mut out,
+        out,
         "drainit_descendants",
         "gauge",
         "Live processes drainit is responsible for (the app and everything it started).",
@@ -199,15 +216,12 @@ pub fn render(view: &View) -> String {
     if let Some(n) = view.descendants {
         let _ = writeln!(out, "drainit_descendants {n}");
     }
+}
+
+/// The signals received and sent on.
+fn render_signals(out: &mut String, r: &Registry) {
     head(
-        &mut out,
-        "drainit_orphans_reaped_total",
-        "counter",
-        "Processes re-parented to drainit and reaped by it.",
-    );
-    let _ = writeln!(out, "drainit_orphans_reaped_total {}", r.orphans_reaped);
-    head(
-        &mut out,
+        out,
         "drainit_signals_received_total",
         "counter",
         "Signals drainit received (SIGCHLD excepted), before rewriting.",
@@ -216,11 +230,11 @@ pub fn render(view: &View) -> String {
         let _ = writeln!(
             out,
             "drainit_signals_received_total{{signal=\"{}\"}} {n}",
-            escape(sig)
+            escape(&sig.to_string())
         );
     }
     head(
-        &mut out,
+        out,
         "drainit_signals_forwarded_total",
         "counter",
         "Signals drainit sent on, after rewriting: to the main child or its group, and the drain signal to each remaining descendant.",
@@ -229,16 +243,20 @@ pub fn render(view: &View) -> String {
         let _ = writeln!(
             out,
             "drainit_signals_forwarded_total{{signal=\"{}\"}} {n}",
-            escape(sig)
+            escape(&sig.to_string())
         );
     }
+}
+
+/// The readiness check runs and their durations.
+fn render_checks(out: &mut String, checks: &RunCounts) {
     head(
-        &mut out,
+        out,
         "drainit_checks_total",
         "counter",
         "Readiness check runs by check and result (pass, fail).",
     );
-    for ((check, passed), n) in &r.checks {
+    for ((check, passed), n) in &checks.runs {
         let _ = writeln!(
             out,
             "drainit_checks_total{{check=\"{}\",result=\"{}\"}} {n}",
@@ -247,17 +265,17 @@ pub fn render(view: &View) -> String {
         );
     }
     head(
-        &mut out,
+        out,
         "drainit_check_duration_seconds",
         "histogram",
         "How long each readiness check run took, seconds (a timeout counts its full timeout).",
     );
-    for (check, h) in &r.check_durations {
+    for (check, h) in &checks.durations {
         let check = escape(check);
         let mut cumulative = 0;
         for (i, n) in h.buckets.iter().enumerate() {
             cumulative += n;
-            let le = CHECK_BUCKETS
+            let le = DURATION_BUCKETS
                 .get(i)
                 .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
             let _ = writeln!(
@@ -276,25 +294,9 @@ pub fn render(view: &View) -> String {
             h.count
         );
     }
-    head(
-        &mut out,
-        "drainit_probe_requests_total",
-        "counter",
-        "Requests the probe server answered, by path (/healthz, /readyz, /metrics, other) and status.",
-    );
-    for ((path, status), n) in &r.probe_requests {
-        let _ = writeln!(
-            out,
-            "drainit_probe_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
-        );
-    }
-    if let Some(ledger) = crate::proxy::running_ledger() {
-        render_proxy(&mut out, ledger);
-    }
-    out
 }
 
-/// With `--proxy`: the request ledger (DESIGN §11, §12).
+/// With `--proxy`: the request ledger (docs/proxy.md; docs/logs.md).
 ///
 /// | metric | type | labels |
 /// |---|---|---|
@@ -304,7 +306,8 @@ pub fn render(view: &View) -> String {
 /// | `drainit_proxy_request_duration_seconds` | histogram | |
 /// | `drainit_proxy_streams_total` | counter | `event`: opened, completed, closed_by_drain, abandoned |
 /// | `drainit_proxy_upstream_resent_total` | counter | |
-fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
+fn render_proxy(out: &mut String, proxy: &crate::proxy::ProxyStats) {
+    let ledger = proxy.ledger();
     use crate::proxy::ledger::DURATION_BUCKETS;
     head(
         out,
@@ -383,12 +386,12 @@ fn render_proxy(out: &mut String, ledger: &crate::proxy::ledger::Ledger) {
         out,
         "drainit_proxy_upstream_resent_total",
         "counter",
-        "Requests sent to the app once more on a new connection because the pooled one they were given had been closed by the app (README, Admission proxy, Upstream).",
+        "Requests sent to the app once more on a new connection because the pooled one they were given had been closed by the app (docs/proxy.md, Upstream).",
     );
     let _ = writeln!(
         out,
         "drainit_proxy_upstream_resent_total {}",
-        crate::proxy::upstream_resent().unwrap_or(0)
+        proxy.resent()
     );
 }
 
@@ -413,6 +416,7 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn label_values_are_escaped() {
@@ -421,13 +425,15 @@ mod tests {
 
     #[test]
     fn every_metric_has_help_and_type_and_histograms_are_cumulative() {
-        check_ran("unit-test \"q\"", true, Duration::from_millis(7));
-        check_ran("unit-test \"q\"", false, Duration::from_secs(20));
-        let text = render(&View {
+        let mut checks = RunCounts::default();
+        checks.record("unit-test \"q\"", true, Duration::from_millis(7));
+        checks.record("unit-test \"q\"", false, Duration::from_secs(20));
+        let view = View {
             phase: Phase::Ready,
             ready: true,
             descendants: None,
-        });
+        };
+        let text = Metrics::default().render(&view, &checks, None);
         for name in [
             "drainit_phase",
             "drainit_ready",

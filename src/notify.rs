@@ -1,5 +1,5 @@
 //! sd_notify: the socket the child reports on, and drainit's own reports to systemd
-//! (DESIGN §7 `notify`, sd_notify(3)).
+//! (docs/probes.md `notify`, sd_notify(3)).
 //!
 //! Owns two halves of the notification protocol:
 //!

@@ -1,5 +1,5 @@
 //! The probe server: `GET|HEAD /healthz`, `/readyz` and `/metrics` over HTTP/1.1
-//! (DESIGN §6, §12).
+//! (docs/probes.md; docs/logs.md).
 //!
 //! Owns: answering probes from the published state. It reads a
 //! `tokio::sync::watch` of [`Published`] and evaluates readiness checks through
@@ -42,8 +42,7 @@ use tokio::sync::watch;
 
 use crate::checks::{Checks, Evaluation};
 use crate::drain::Phase;
-use crate::metrics;
-use crate::procs;
+use crate::metrics::{self, Metrics};
 
 /// How long a client may take to send its request headers, from the accept.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,7 +56,8 @@ pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 
 // The shared state lives in its own module (written by the supervisor and notify,
 // read here); re-exported for the callers that named it here.
-pub use crate::published::{Published, readyz_asked};
+pub use crate::published::Published;
+use crate::published::{ReadinessAsk, ReadyzAsked};
 
 /// Binds the probe socket (before the child is spawned, so a taken port is a
 /// configuration error and never a half-started app). Close-on-exec, like every fd
@@ -69,13 +69,41 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     crate::util::bind_listener(addr)
 }
 
+/// What the probe server answers from and records to.
+struct Probes {
+    state: watch::Receiver<Published>,
+    checks: Rc<Checks>,
+    /// Counts each answer; rendered by `/metrics`.
+    metrics: Metrics,
+    /// Told when `/readyz` is asked (the driver receives it as an event).
+    asked: ReadyzAsked,
+    /// The admission proxy's counts for `/metrics` (`None` without `--proxy`).
+    proxy: Option<crate::proxy::ProxyStats>,
+    /// The last count of the descendants and when it was taken.
+    descendants: Cell<Option<(std::time::Instant, Option<usize>)>>,
+}
+
 /// Serves probes until the runtime stops. Spawn it with `spawn_local` on a
 /// `LocalSet` (checks and connections are `!Send` tasks of the same thread).
+/// Each answer is counted in `metrics`; each `/readyz` is noted on `asked`.
+/// `proxy`: the admission proxy's counts for `/metrics` (`None` without
+/// `--proxy`).
 pub async fn serve(
     listener: std::net::TcpListener,
     state: watch::Receiver<Published>,
     checks: Rc<Checks>,
+    metrics: Metrics,
+    asked: ReadyzAsked,
+    proxy: Option<crate::proxy::ProxyStats>,
 ) {
+    let probes = Rc::new(Probes {
+        state,
+        checks,
+        metrics,
+        asked,
+        proxy,
+        descendants: Cell::new(None),
+    });
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -111,8 +139,7 @@ pub async fn serve(
         next_id += 1;
         let guard = OpenGuard(open.clone(), id);
         let answering = Rc::new(Cell::new(false));
-        let state = state.clone();
-        let checks = checks.clone();
+        let probes = probes.clone();
         let flag = answering.clone();
         let task = tokio::task::spawn_local(async move {
             let _guard = guard;
@@ -120,11 +147,12 @@ pub async fn serve(
                 // The request head was read in full: from now on this connection
                 // is answered, never shed by the cap.
                 flag.set(true);
-                let state = state.clone();
-                let checks = checks.clone();
+                let probes = probes.clone();
                 async move {
-                    let res = answer(&req, &state, &checks).await;
-                    metrics::probe_request(req.uri().path(), res.status().as_u16());
+                    let res = answer(&req, &probes).await;
+                    probes
+                        .metrics
+                        .probe_request(req.uri().path(), res.status().as_u16());
                     Ok::<_, Infallible>(res)
                 }
             });
@@ -230,24 +258,22 @@ fn checks_json(ev: &Evaluation) -> Value {
     Value::Object(m)
 }
 
-/// The answer to one request (DESIGN §6): `/healthz` 200 `{"status":"ok"}`, or 503
+/// The answer to one request (docs/probes.md): `/healthz` 200 `{"status":"ok"}`, or 503
 /// `{"status":"unhealthy","detail":"watchdog expired"}` when the app's sd_notify
 /// watchdog stopped beating; `/readyz` 200 `ready` or 503 `starting`, `degraded`,
 /// `draining`, `stopping`, with `checks` (name → `ok`, `detail`) when checks are
 /// configured and `app_status` when the app sent `STATUS=`; `/metrics` 200 with the
-/// Prometheus text of [`metrics::render`]. Other paths 404, other
+/// Prometheus text of [`Metrics::render`]. Other paths 404, other
 /// methods 405 with `Allow: GET, HEAD`; `HEAD` gets the headers of `GET` and no
 /// body. Once ready, `/readyz` evaluates the checks (single flight), so it answers
 /// within the largest check timeout plus scheduling.
-pub async fn answer<B>(
-    req: &Request<B>,
-    state: &watch::Receiver<Published>,
-    checks: &Rc<Checks>,
-) -> Response<Full<Bytes>> {
+/// A `/readyz` asked is noted on the server's [`ReadyzAsked`].
+async fn answer<B>(req: &Request<B>, probes: &Probes) -> Response<Full<Bytes>> {
+    let (state, checks) = (&probes.state, &probes.checks);
     let head = req.method() == Method::HEAD;
     let path = req.uri().path();
     if path == "/metrics" && (req.method() == Method::GET || head) {
-        return metrics_response(&state.borrow().clone(), checks, head);
+        return metrics_response(&state.borrow().clone(), probes, head);
     }
     if path != "/healthz" && path != "/readyz" && path != "/metrics" {
         return respond(StatusCode::NOT_FOUND, json!({"status": "not found"}), head);
@@ -260,7 +286,7 @@ pub async fn answer<B>(
         );
     }
     if path == "/readyz" {
-        crate::published::note_readyz_asked();
+        probes.asked.note();
     }
     let published = state.borrow().clone();
     if path == "/healthz" {
@@ -331,10 +357,6 @@ async fn readiness(
     (status, body)
 }
 
-/// A question from another thread (the admission proxy's health path): what
-/// would `/readyz` answer now? Answered with `(ready, status word)`.
-pub type ReadinessAsk = tokio::sync::oneshot::Sender<(bool, String)>;
-
 /// How long an answer to a [`ReadinessAsk`] is reused: the proxy's health path
 /// is on the app's public port, and a flood of it must not run the checks back
 /// to back on the supervisor's thread (nor flood the app's backlog with
@@ -387,15 +409,19 @@ pub async fn answer_readiness(
 /// `/metrics`: the counters, with the states read now. Readiness is what `/readyz`
 /// would answer from what is known without running the checks (their last
 /// evaluation), so a scrape never triggers a check.
-fn metrics_response(published: &Published, checks: &Checks, head: bool) -> Response<Full<Bytes>> {
+fn metrics_response(published: &Published, probes: &Probes, head: bool) -> Response<Full<Bytes>> {
+    let checks = &probes.checks;
     let ready = published.phase == Phase::Ready
         && !published.app_stopping
         && (checks.is_empty() || checks.last().is_some_and(|ev| ev.all_ok()));
-    let text = metrics::render(&metrics::View {
+    let view = metrics::View {
         phase: published.phase,
         ready,
-        descendants: descendants_now(checks),
-    });
+        descendants: descendants_now(probes),
+    };
+    let text = probes
+        .metrics
+        .render(&view, &checks.runs_by_result(), probes.proxy.as_ref());
     let len = text.len();
     let mut b = Response::builder()
         .status(StatusCode::OK)
@@ -417,36 +443,21 @@ fn metrics_response(published: &Published, checks: &Checks, head: bool) -> Respo
 /// scrapes must not turn into a flood of walks that delay signals and probes.
 pub const DESCENDANTS_MAX_AGE: Duration = Duration::from_secs(5);
 
-thread_local! {
-    /// The last count and when it was taken.
-    static DESCENDANTS: Cell<Option<(std::time::Instant, Option<usize>)>> = const { Cell::new(None) };
-}
-
 /// The live descendants, as the supervisor counts them (drainit's helpers left
 /// out), at most [`DESCENDANTS_MAX_AGE`] old; `None` when `/proc` is not this PID
 /// namespace's or cannot be read.
-fn descendants_now(checks: &Checks) -> Option<usize> {
+fn descendants_now(probes: &Probes) -> Option<usize> {
     let now = std::time::Instant::now();
-    if let Some((at, n)) = DESCENDANTS.get()
+    if let Some((at, n)) = probes.descendants.get()
         && now.duration_since(at) < DESCENDANTS_MAX_AGE
     {
         return n;
     }
-    let n = count_descendants(checks);
-    DESCENDANTS.set(Some((now, n)));
+    let n = count_descendants(&probes.checks);
+    probes.descendants.set(Some((now, n)));
     n
 }
 
 fn count_descendants(checks: &Checks) -> Option<usize> {
-    if !procs::is_own_namespace() {
-        return None;
-    }
-    let me = std::process::id() as i32;
-    // Not PID 1 and no child at all: nothing is below drainit (a subreaper).
-    if me != 1 && !crate::reaper::has_children() {
-        return Some(0);
-    }
-    procs::descendants(me, &checks.helper_pids())
-        .ok()
-        .map(|v| v.len())
+    crate::tree::count_descendants(&checks.helper_pids())
 }

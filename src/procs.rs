@@ -1,6 +1,6 @@
 //! The process table as drainit sees it: who its descendants are, read from `/proc`.
 //!
-//! Owns: finding every process drainit is responsible for (DESIGN §5
+//! Owns: finding every process drainit is responsible for (docs/processes-and-signals.md
 //! "Descendants"): every process whose parent chain leads to drainit. As PID 1
 //! that is every process of the PID namespace that the namespace's init adopted or
 //! started; not PID 1, drainit is a child subreaper, so orphans of its tree are
@@ -134,6 +134,12 @@ fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
 /// `/proc` could not be read (out of file descriptors, no `/proc` mounted).
 pub fn all() -> std::io::Result<Vec<Proc>> {
     let mut out = Vec::new();
+    each(|p| out.push(p))?;
+    Ok(out)
+}
+
+/// Calls `f` with every process of `/proc` as it is read.
+fn each(mut f: impl FnMut(Proc)) -> std::io::Result<()> {
     for e in std::fs::read_dir("/proc")? {
         let name = e?.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -141,15 +147,16 @@ pub fn all() -> std::io::Result<Vec<Proc>> {
             continue;
         }
         if let Some(p) = stat(name)? {
-            out.push(p);
+            f(p);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The live descendants of `root` (zombies excluded, but searched through), leaving
 /// out the subtrees rooted at `exclude` (drainit's own helpers: exec checks and
-/// teardown steps).
+/// teardown steps) and every process in a process group one of `exclude` leads
+/// (what a helper left behind, re-parented to `root`).
 ///
 /// Walks `/proc/PID/task/TID/children` from `root` down, so the cost follows the
 /// size of drainit's tree, not of the host's process table (drainit not PID 1 on a
@@ -175,14 +182,24 @@ pub fn descendants(root: i32, exclude: &HashSet<i32>) -> std::io::Result<Vec<Pro
 /// walked from `root` down, parents before their children, so a caller that
 /// signals each process as it comes sends its first signal after one `/proc`
 /// read, not after a walk of the whole tree. As PID 1 (`root` = 1), the whole
-/// namespace is read first (processes that entered it from outside have no
-/// parent chain to walk).
+/// namespace is read (processes that entered it from outside have no parent
+/// chain to walk): each process passed on as it is read when there is nothing
+/// to leave out, else after the whole table.
 ///
 /// # Errors
 /// As [`descendants`].
 pub fn visit(root: i32, exclude: &HashSet<i32>, f: impl FnMut(&Proc)) -> std::io::Result<()> {
     let mut f = f;
     if root == 1 {
+        if exclude.is_empty() {
+            // Nothing to leave out: each process as it is read, not after the
+            // whole table (a caller may have a signal to send on the way).
+            return each(|p| {
+                if p.pid != 1 {
+                    f(&p);
+                }
+            });
+        }
         namespace(exclude)?.iter().for_each(&mut f);
         return Ok(());
     }
@@ -194,7 +211,7 @@ pub fn visit(root: i32, exclude: &HashSet<i32>, f: impl FnMut(&Proc)) -> std::io
 }
 
 /// As PID 1: every live process of the PID namespace but PID 1 and the subtrees at
-/// `exclude` (DESIGN §5: as PID 1, every other process of the namespace is a
+/// `exclude` (docs/processes-and-signals.md: as PID 1, every other process of the namespace is a
 /// descendant, including those that entered it from outside with `nsenter` or
 /// `docker exec`, whose parent is outside: `ppid` 0 here).
 fn namespace(exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
@@ -216,8 +233,14 @@ fn namespace(exclude: &HashSet<i32>) -> std::io::Result<Vec<Proc>> {
     }
     Ok(table
         .into_iter()
-        .filter(|p| p.pid != 1 && !skip.contains(&p.pid))
+        .filter(|p| p.pid != 1 && !skip.contains(&p.pid) && !exclude.contains(&p.pgid))
         .collect())
+}
+
+/// Whether `p` is one of drainit's helpers or in a process group one leads
+/// (a helper's leftover, re-parented to drainit): `exclude` holds both.
+fn mine(exclude: &HashSet<i32>, p: &Proc) -> bool {
+    exclude.contains(&p.pid) || exclude.contains(&p.pgid)
 }
 
 /// Whether `/proc` shows drainit's own PID namespace (`/proc/self` names this
@@ -299,6 +322,9 @@ fn walk(
             let Some(p) = stat(&pid.to_string())? else {
                 continue;
             };
+            if mine(exclude, &p) {
+                continue;
+            }
             f(&p);
             // A zombie has no children: they were re-parented when it exited. Not
             // reading them keeps a tree of many zombies (an app that never reaps)
@@ -346,7 +372,7 @@ fn below<'a>(table: &'a [Proc], root: i32, exclude: &HashSet<i32>) -> Vec<&'a Pr
     while let Some(pid) = stack.pop() {
         for &i in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
             let p = &table[i];
-            if p.pid == root || exclude.contains(&p.pid) || !seen.insert(p.pid) {
+            if p.pid == root || mine(exclude, p) || !seen.insert(p.pid) {
                 continue;
             }
             stack.push(p.pid);
@@ -416,6 +442,22 @@ mod tests {
             .map(|p| p.pid)
             .collect();
         assert!(!got.contains(&20) && !got.contains(&21));
+    }
+
+    #[test]
+    fn what_a_helper_left_behind_is_left_out_once_re_parented() {
+        // Helper 40 (its own group) was reaped; its `sleep` (41, group 40) was
+        // re-parented to the root, beside the app (10).
+        let leftover = Proc {
+            pgid: 40,
+            ..p(41, 1, false)
+        };
+        let table = vec![p(1, 0, false), p(10, 1, false), leftover];
+        let got: Vec<i32> = descendants_in(table, 1, &HashSet::from([40]))
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(got, vec![10]);
     }
 
     #[test]

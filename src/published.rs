@@ -1,35 +1,26 @@
-//! The state shared between the tasks of the one runtime thread: what the
-//! supervisor publishes for the probes (the phase) and what the app announced over
-//! sd_notify, and whether a client has asked `/readyz`.
+//! What the tasks of drainit tell one another: the phase the supervisor publishes
+//! for the probes and what the app announced over sd_notify ([`Published`]),
+//! that a client asked `/readyz` ([`ReadyzAsked`]), and the proxy's questions
+//! about readiness ([`ReadinessAsks`]).
 //!
-//! Owns: [`Published`] and the `/readyz`-asked flag. Writers: the supervisor
-//! (`phase`), `notify.rs` (the app's fields), the probe server (the flag). Readers:
-//! the probe server, `notify.rs`, the supervisor (the flag, at T0).
+//! Owns: these types, no state: each channel is made by `main` and its ends are
+//! handed to the tasks that use them. Writers of [`Published`]: the supervisor
+//! (`phase`), `notify.rs` (the app's fields). [`ReadyzAsked`] is noted by the
+//! probe server and the proxy's health path, and received by the driver as an
+//! event.
 //!
 //! Must not: hold logic. Invariant: each field has one writer.
 
 use crate::drain::Phase;
-
-/// Set by the first `GET|HEAD /readyz`: something routes by drainit's readiness,
-/// so the default pre-drain delay applies (DESIGN §2). One probe server per
-/// process, and the supervisor only reads it: a flag, not a channel.
-static READYZ_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Records that a client asked `/readyz` (the probe server calls it).
-pub fn note_readyz_asked() {
-    READYZ_ASKED.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether any client has asked `/readyz` (GET or HEAD) since drainit started.
-pub fn readyz_asked() -> bool {
-    READYZ_ASKED.load(std::sync::atomic::Ordering::Relaxed)
-}
+// The proxy's line to the supervisor lives in the proxy's crate (proxy/), which
+// imports nothing from drainit; the probe server and the driver use it here.
+pub use drainit_proxy::readiness::{ReadinessAsk, ReadinessAsks, ReadyzAsked};
 
 /// What the supervisor publishes for the probes. The supervisor writes `phase`;
 /// `notify.rs` writes the app's fields (sd_notify).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Published {
-    /// The lifecycle phase (DESIGN §1).
+    /// The lifecycle phase (docs/processes-and-signals.md).
     pub phase: Phase,
     /// `STATUS=` text from the app (sd_notify), shown in `/readyz`.
     pub status_text: Option<String>,

@@ -18,7 +18,7 @@
 //! Registration happens in the same synchronous step as the spawn, on the one
 //! runtime thread, so a helper cannot be reaped before it is registered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use tokio::sync::oneshot;
@@ -85,6 +85,11 @@ pub struct Reaper {
     waiter: Rc<dyn Waiter>,
     main: Option<i32>,
     waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
+    /// The process groups the exec checks lead (a helper's pgid is its pid),
+    /// kept after the check is reaped while the group has members: what a check
+    /// leaves behind (`sh -c 'x & exit 0'`, killed with it) is drainit's, not
+    /// the app's, until it is gone, even re-parented to drainit.
+    groups: HashSet<i32>,
     orphans: u64,
 }
 
@@ -106,6 +111,7 @@ impl Reaper {
             waiter,
             main: None,
             waiters: HashMap::new(),
+            groups: HashSet::new(),
             orphans: 0,
         }
     }
@@ -123,14 +129,35 @@ impl Reaper {
         rx
     }
 
+    /// As [`Reaper::register`], for a helper whose process group is drainit's
+    /// to the end (an exec check, whose leftovers are killed with it): the group
+    /// stays drainit's after the helper is reaped, while it has members. A
+    /// teardown step's or a drain phase's leftovers are not: left running, they
+    /// are work drainit abandons, and the report says so.
+    pub fn register_check(&mut self, pid: i32) -> oneshot::Receiver<ChildExit> {
+        self.groups.insert(pid);
+        self.register(pid)
+    }
+
     /// Whether `pid` is a helper that has not been reaped yet (safe to signal).
     pub fn is_waiting(&self, pid: i32) -> bool {
         self.waiters.contains_key(&pid)
     }
 
-    /// The helper pids not yet reaped.
+    /// The helper pids not yet reaped, and the process groups of reaped helpers
+    /// that still had members when last asked ([`Reaper::forget_groups`]):
+    /// every pid here, and every process in a group led by one, is drainit's.
     pub fn helpers(&self) -> impl Iterator<Item = i32> + '_ {
-        self.waiters.keys().copied()
+        self.waiters.keys().chain(self.groups.iter()).copied()
+    }
+
+    /// Forgets the groups of reaped helpers for which `alive(pgid)` says no
+    /// member is left (not even a zombie: the kernel reuses a group's number only
+    /// after its last member was reaped).
+    pub fn forget_groups(&mut self, alive: impl Fn(i32) -> bool) {
+        let waiters = &self.waiters;
+        self.groups
+            .retain(|&g| waiters.contains_key(&g) || alive(g));
     }
 
     /// How many orphans were reaped so far.
@@ -144,7 +171,7 @@ impl Reaper {
     /// signals by number, so a drain signal (15) is read before a SIGCHLD (17)
     /// raised by a child that exited first. The supervisor asks this before it
     /// takes a drain signal read together with SIGCHLD: a child that already
-    /// exited on its own is not drained (DESIGN §2, last paragraph). One syscall,
+    /// exited on its own is not drained (docs/processes-and-signals.md). One syscall,
     /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
     pub fn reap_main(&mut self) -> Option<ChildExit> {
         let pid = self.main?;

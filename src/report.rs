@@ -1,17 +1,16 @@
-//! The exit report and the process ledger behind it (DESIGN §4).
+//! The exit report (README, The exit report), built from the drain machine's record and the
+//! process ledger the tree keeps ([`crate::tree::ProcessLedger`]).
 //!
-//! Owns: the record of which processes were in flight at T0, which drainit saw end
-//! during the drain, which it killed (abandoned), and the JSON object written as the
-//! last line of stderr and to `--report-file` (atomically, temp file + rename,
-//! when it is a regular file; in place when it is a device, fifo, symlink or mount).
+//! Owns: the JSON object written as the last line of stderr and to
+//! `--report-file` (atomically, temp file + rename, when it is a regular file; in
+//! place when it is a device, fifo, symlink or mount).
 //!
-//! Must not: decide anything. The exit code and reason come from `drain.rs`; this
-//! module only counts and writes.
+//! Must not: decide anything. The exit code and reason come from `drain.rs`, the
+//! counts from the ledger; this module only shapes and writes.
 //!
-//! Invariant: `completed` never counts an abandoned process and never goes negative;
-//! `abandoned` lists pid and `comm` only, never a command line or environment.
+//! Invariant: the report names processes by pid and `comm` only, never a command
+//! line or environment.
 
-use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -24,138 +23,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 use crate::drain::{ChildExit, Outcome, Record, StepEnd, Timeline};
 use crate::logging;
-
-/// Counts the processes of one drain (or, with no drain signal, of the stop that
-/// follows the main child's exit).
-#[derive(Debug, Default)]
-pub struct Ledger {
-    /// `(pid, start)` of every descendant alive at T0.
-    in_flight: HashSet<(i32, u64)>,
-    /// pids (of the T0 set, or reaped by drainit later) that ended without a kill.
-    ended: HashSet<i32>,
-    /// The processes SIGKILLed: pid and comm, in the order they were killed.
-    abandoned: Vec<Abandoned>,
-    /// The pids of `abandoned`, so that recording a kill stays O(1) (a kill of
-    /// thousands of processes must not cost a scan of the list per process).
-    abandoned_pids: HashSet<i32>,
-    /// Processes drainit tried to signal and could not (`EPERM`): pid and comm.
-    /// Never counted abandoned (they were not killed) nor completed.
-    unkillable: Vec<Abandoned>,
-    unkillable_pids: HashSet<i32>,
-    sampled: bool,
-    /// Set at the SIGKILL and when the drain is over: whatever ends after that was
-    /// killed, or is no part of the drain (a teardown step's children), and is
-    /// never counted completed.
-    closed: bool,
-}
-
-/// One abandoned (or unkillable) process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Abandoned {
-    pub pid: i32,
-    /// The kernel's short command name (`/proc/PID/comm`).
-    pub comm: String,
-}
-
-impl Ledger {
-    /// Beat 1: the descendants alive at T0 (`(pid, start)` each).
-    pub fn sample(&mut self, alive: impl IntoIterator<Item = (i32, u64)>) {
-        self.in_flight = alive.into_iter().collect();
-        self.sampled = true;
-    }
-
-    /// Whether [`Ledger::sample`] ran (a drain or stop is being counted).
-    pub fn is_counting(&self) -> bool {
-        self.sampled
-    }
-
-    /// Stops counting ends: at the SIGKILL, and when the drain is over.
-    pub fn close(&mut self) {
-        self.closed = true;
-    }
-
-    /// A process drainit saw end (reaped by drainit, or gone from the T0 set).
-    pub fn ended(&mut self, pid: i32) {
-        if self.sampled
-            && !self.closed
-            && !self.abandoned_pids.contains(&pid)
-            && !self.unkillable_pids.contains(&pid)
-        {
-            self.ended.insert(pid);
-        }
-    }
-
-    /// Processes of the T0 set that are no longer alive count as ended (a
-    /// grandchild reaped by its own parent is never seen by the reaper).
-    pub fn settle(&mut self, still_alive: &HashSet<(i32, u64)>) {
-        // Members of the T0 set that ended are counted even after `close`: they
-        // were not killed (the kill lists what it kills) and did end.
-        let closed = std::mem::replace(&mut self.closed, false);
-        let gone: Vec<i32> = self
-            .in_flight
-            .iter()
-            .filter(|id| !still_alive.contains(id))
-            .map(|id| id.0)
-            .collect();
-        for pid in gone {
-            self.ended(pid);
-        }
-        self.closed = closed;
-    }
-
-    /// Records a process about to be SIGKILLed.
-    /// Returns whether it was not recorded before. O(1).
-    pub fn abandon(&mut self, pid: i32, comm: String) -> bool {
-        if self.unkillable_pids.contains(&pid) || !self.abandoned_pids.insert(pid) {
-            return false;
-        }
-        self.ended.remove(&pid);
-        self.abandoned.push(Abandoned { pid, comm });
-        true
-    }
-
-    /// Whether `pid` was recorded abandoned (SIGKILLed).
-    pub fn is_abandoned(&self, pid: i32) -> bool {
-        self.abandoned_pids.contains(&pid)
-    }
-
-    /// Records a process drainit could not signal (`EPERM`), taking it out of the
-    /// abandoned and completed counts. Returns whether it was not recorded before
-    /// (so that it is logged once).
-    pub fn unkillable(&mut self, pid: i32, comm: String) -> bool {
-        if !self.unkillable_pids.insert(pid) {
-            return false;
-        }
-        self.ended.remove(&pid);
-        if self.abandoned_pids.remove(&pid) {
-            self.abandoned.retain(|a| a.pid != pid);
-        }
-        self.unkillable.push(Abandoned { pid, comm });
-        true
-    }
-
-    /// Whether `pid` was recorded unkillable.
-    pub fn is_unkillable(&self, pid: i32) -> bool {
-        self.unkillable_pids.contains(&pid)
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
-    pub fn completed(&self) -> usize {
-        self.ended.len()
-    }
-
-    pub fn abandoned(&self) -> &[Abandoned] {
-        &self.abandoned
-    }
-
-    /// The processes drainit could not signal, in the order it found them.
-    pub fn unkillables(&self) -> &[Abandoned] {
-        &self.unkillable
-    }
-}
+use crate::tree::{Abandoned, ProcessLedger};
 
 /// `{"code":N}` or `{"signal":"SIGKILL"}`.
 #[derive(Serialize, Debug, PartialEq)]
@@ -208,7 +76,31 @@ pub struct TeardownJson {
     pub error: Option<String>,
 }
 
-/// The exit report (one JSON object), final or partial (DESIGN §12: written to
+/// One drain phase in the report (docs/drain-phases.md): its outcome (`ok`, `failed`,
+/// `timed_out`, `canceled`, `abandoned`, `skipped`), what it ended with, and its
+/// start and duration in ms since T0.
+#[derive(Serialize, Debug)]
+pub struct PhaseJson {
+    pub name: String,
+    pub outcome: &'static str,
+    /// A `command` phase's exit code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that killed a `command` phase (`SIGTERM`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// A `post` phase's HTTP status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why there is neither: `connection refused`, `request dropped`, `could not
+    /// be started: not found`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub start_ms: u64,
+    pub duration_ms: u64,
+}
+
+/// The exit report (one JSON object), final or partial (docs/report.md: written to
 /// the report file at T0 and at the forward, `"final":false`, so that a platform
 /// SIGKILL of drainit still leaves evidence).
 #[derive(Serialize, Debug)]
@@ -237,9 +129,12 @@ pub struct Report {
     /// Processes drainit could not signal (`EPERM`): pid and comm.
     pub unkillable: Vec<Abandoned>,
     pub teardown: Vec<TeardownJson>,
+    /// The drain phases reached, in order; absent when none is configured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseJson>,
     /// Processes re-parented to drainit and reaped by it (not its main child).
     pub orphans_reaped: u64,
-    /// With `--proxy`: the request ledger (DESIGN §11).
+    /// With `--proxy`: the request ledger (docs/proxy.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requests: Option<Totals>,
     /// With `--proxy`: upgraded connections (WebSocket) passed through.
@@ -252,7 +147,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// Builds the `drain`/`stop` object from the timeline and the ledger.
-pub fn drain_json(t: &Timeline, ledger: &Ledger) -> DrainJson {
+pub fn drain_json(t: &Timeline, ledger: &ProcessLedger) -> DrainJson {
     let t0 = t.t0.unwrap_or_default();
     let since = |at: Option<Duration>| at.map(|a| ms(a.saturating_sub(t0)));
     DrainJson {
@@ -278,8 +173,9 @@ pub struct Facts<'a> {
     /// The drain signal, the main child's exit, the timeline.
     pub record: &'a Record,
     pub child_pid: i32,
-    pub ledger: &'a Ledger,
+    pub ledger: &'a ProcessLedger,
     pub teardown: Vec<TeardownJson>,
+    pub phases: Vec<PhaseJson>,
     pub orphans: u64,
     /// With `--proxy`: the request ledger and the streams now.
     pub requests: Option<(Totals, Streams)>,
@@ -313,6 +209,7 @@ impl Report {
             abandoned: f.ledger.abandoned().to_vec(),
             unkillable: f.ledger.unkillables().to_vec(),
             teardown: f.teardown,
+            phases: f.phases,
             orphans_reaped: f.orphans,
             streams: f.requests.as_ref().map(|r| r.1.clone()),
             requests: f.requests.map(|r| r.0),
@@ -335,6 +232,7 @@ impl Report {
             abandoned: Vec::new(),
             unkillable: Vec::new(),
             teardown: Vec::new(),
+            phases: Vec::new(),
             orphans_reaped: 0,
             requests: None,
             streams: None,
@@ -566,66 +464,6 @@ pub fn step_error(end: StepEnd, exit: Option<ChildExit>, timeout: Duration) -> O
 mod tests {
     use super::*;
     use crate::signals::Signal;
-
-    #[test]
-    fn ledger_counts_completed_and_abandoned_apart() {
-        let mut l = Ledger::default();
-        l.sample([(10, 1), (11, 1), (12, 1)]);
-        l.ended(10);
-        l.abandon(11, "stubborn".into());
-        l.ended(11); // reaped after the kill: still abandoned, not completed
-        l.ended(20); // spawned during the drain and reaped by drainit
-        l.settle(&HashSet::new()); // 12 was reaped by its own parent
-        assert_eq!(
-            (l.in_flight(), l.completed(), l.abandoned().len()),
-            (3, 3, 1)
-        );
-    }
-
-    #[test]
-    fn an_unkillable_process_is_neither_abandoned_nor_completed() {
-        let mut l = Ledger::default();
-        l.sample([(10, 1), (11, 1), (12, 1)]);
-        // The kill round records 11 as abandoned before its kill(2) says EPERM.
-        assert!(l.abandon(11, "setuid".into()));
-        assert!(l.unkillable(11, "setuid".into()));
-        assert!(
-            !l.unkillable(11, "setuid".into()),
-            "recorded (and logged) once"
-        );
-        assert!(
-            !l.abandon(11, "setuid".into()),
-            "a later round does not abandon it"
-        );
-        assert!(l.abandon(12, "stubborn".into()));
-        l.ended(11);
-        l.ended(10);
-        l.settle(&HashSet::from([(11, 1)]));
-        assert_eq!(
-            (l.completed(), l.abandoned().len(), l.unkillables().len()),
-            (1, 1, 1)
-        );
-        assert_eq!(l.abandoned()[0].pid, 12);
-        assert_eq!(l.unkillables()[0].pid, 11);
-        assert!(l.is_unkillable(11) && !l.is_abandoned(11) && l.is_abandoned(12));
-    }
-
-    #[test]
-    fn abandoning_many_processes_is_linear() {
-        // 200,000 distinct pids plus a repeat of each: with a scan of the list per
-        // call this took minutes; with the index it is milliseconds.
-        let mut l = Ledger::default();
-        l.sample((0..200_000).map(|p| (p, 1)));
-        let started = std::time::Instant::now();
-        for round in 0..2 {
-            for pid in 0..200_000 {
-                assert_eq!(l.abandon(pid, String::new()), round == 0);
-                l.ended(pid);
-            }
-        }
-        assert_eq!(l.abandoned().len(), 200_000);
-        assert!(started.elapsed() < Duration::from_secs(20));
-    }
 
     #[test]
     fn exit_json_shapes() {

@@ -1,7 +1,7 @@
 //! Signal names, the forwarding table, the rewrite map, and the signal stream.
 //!
 //! Owns: how a signal is named (`TERM`, `SIGTERM`, `15`, `RTMIN+3`), which signals
-//! drainit catches and forwards (DESIGN §5 "Forwarding"), and the one source of
+//! drainit catches and forwards (docs/processes-and-signals.md), and the one source of
 //! signals, a `signalfd(2)` read on the tokio runtime.
 //!
 //! Must not: install a signal handler. drainit blocks every signal it catches for
@@ -27,7 +27,7 @@ use tokio::io::unix::AsyncFd;
 pub struct Signal(pub i32);
 
 /// The signals that are never blocked nor forwarded: faults (they must kill
-/// drainit itself if drainit faults) and SIGPIPE (DESIGN §5).
+/// drainit itself if drainit faults) and SIGPIPE (docs/processes-and-signals.md).
 const NEVER_CAUGHT: [i32; 7] = [
     libc::SIGSEGV,
     libc::SIGBUS,
@@ -265,8 +265,15 @@ fn with_bit(set: SigSet, n: i32) -> SigSet {
 }
 
 /// The signal mask drainit was started with, to be restored in the child.
+/// The default is the empty mask.
 #[derive(Clone, Copy)]
 pub struct InheritedMask(pub(crate) SigSet);
+
+impl Default for InheritedMask {
+    fn default() -> Self {
+        InheritedMask(SigSet::empty())
+    }
+}
 
 /// `rt_sigprocmask(2)` itself, not the C library's wrapper: glibc's leaves 32 and
 /// 33 out of the set it is given, musl's clears 32–34 in the old mask it returns,
@@ -323,16 +330,12 @@ pub fn reblock() {
     let _ = sigprocmask_raw(libc::SIG_BLOCK, caught_set().as_ref(), None);
 }
 
+/// The mask [`block_caught`] found, kept between its first call, made by a
+/// constructor before `main` (a SIGTERM sent right after exec must find the
+/// signals blocked), and its second, made by `main`, which hands the mask on
+/// ([`crate::spawn::Launcher`]). Process-wide state that must exist before
+/// `main`, private to this module: nothing else reads it.
 static INHERITED: std::sync::OnceLock<InheritedMask> = std::sync::OnceLock::new();
-
-/// The mask [`block_caught`] found (empty if it never ran): what every process
-/// drainit starts, helpers included, gets back before `exec`.
-pub fn inherited_mask() -> InheritedMask {
-    INHERITED
-        .get()
-        .copied()
-        .unwrap_or(InheritedMask(SigSet::empty()))
-}
 
 #[allow(unsafe_code)]
 fn register(sfd: SignalFd) -> std::io::Result<AsyncFd<SignalFd>> {
@@ -432,7 +435,8 @@ impl SignalStream {
     }
 }
 
-// `kill(2)` is `tree::kill`: the tree module is the only code that sends signals.
+// `kill(2)` is in the tree module, private there: it is the only code that sends
+// signals.
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,6 @@
 //! Building and spawning processes: the main child, and drainit's own helpers.
 //!
-//! Owns: the child's starting state (DESIGN §5 "Spawn"). The child leads a new
+//! Owns: the child's starting state (docs/processes-and-signals.md). The child leads a new
 //! process group in drainit's session; with a terminal whose foreground group is
 //! drainit's, that new group becomes the foreground group, so Ctrl-C and job control
 //! reach the app as in a shell (dumb-init PR #122). It starts with the signal mask
@@ -39,7 +39,7 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
-    /// The exit code of DESIGN §3.
+    /// The exit code (README, Exit codes).
     pub fn exit_code(&self) -> i32 {
         match self {
             SpawnError::NotFound(_) => exit::NOT_FOUND,
@@ -95,14 +95,25 @@ pub fn owns_terminal() -> bool {
     isatty(&stdin).unwrap_or(false) && tcgetpgrp(&stdin).map(|g| g == getpgrp()).unwrap_or(false)
 }
 
-static SIGPIPE_IGNORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Records whether SIGPIPE was ignored when drainit started (drainit then ignores
-/// it for itself): what drainit starts gets that disposition back, so SIGPIPE is
-/// inherited through drainit like every other signal's (POSIX: an ignored signal
-/// stays ignored across `execve`).
-pub fn inherit_sigpipe_ignored(ignored: bool) {
-    SIGPIPE_IGNORED.store(ignored, std::sync::atomic::Ordering::Relaxed);
+/// What everything drainit starts gets back of drainit's own start: the signal
+/// mask and SIGPIPE's disposition drainit inherited, and (helpers only) the
+/// directory it was started in. Made by `main`, handed to whatever starts
+/// processes (the supervisor's start, the checks, the teardown steps).
+///
+/// The default (an empty mask, SIGPIPE at its default, helpers in the current
+/// directory) is a process started by nothing in particular: the tests'.
+#[derive(Clone, Default)]
+pub struct Launcher {
+    mask: InheritedMask,
+    /// SIGPIPE was ignored when drainit started (drainit then ignores it for
+    /// itself): what drainit starts gets that disposition back, so SIGPIPE is
+    /// inherited through drainit like every other signal's (POSIX: an ignored
+    /// signal stays ignored across `execve`).
+    sigpipe_ignored: bool,
+    /// Where helpers run: the directory drainit was started in, before it moved
+    /// to `/`, so relative commands and paths in `--teardown` and `--ready-exec`
+    /// mean what they meant on the command line.
+    start_dir: Option<std::path::PathBuf>,
 }
 
 /// What the child reads between `clone` and `execve`: everything built before the
@@ -153,8 +164,9 @@ fn child_stack_size(argc: usize) -> usize {
 /// It shares drainit's memory (`CLONE_VM`) while drainit's calling thread is
 /// suspended (`CLONE_VFORK`), exactly like glibc's `posix_spawn`: it calls only
 /// async-signal-safe functions (sigaction, setpgid, dup2, chdir, sigprocmask,
-/// tcsetpgrp, getpid, execvpe, and raw setgroups/setresgid/setresuid), allocates nothing, takes no lock, and writes only
-/// into `ExecArgs`. No handler of drainit's can run here: every caught signal is
+/// tcsetpgrp, getpid, execvpe, and raw setgroups/setresgid/setresuid, those in
+/// [`switch_ids`]), allocates nothing, takes no lock, and writes only into
+/// `ExecArgs` and its `LISTEN_PID` slot ([`fill_listen_pid`]). No handler of drainit's can run here: every caught signal is
 /// blocked until the mask is replaced right before `execve`, and the dispositions
 /// are the child's own copy (no `CLONE_SIGHAND`).
 #[allow(unsafe_code)]
@@ -217,46 +229,10 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
         unsafe { libc::tcsetpgrp(0, libc::getpid()) };
     }
     if !a.listen_pid.is_null() {
-        let mut digits = [0u8; 20];
-        // SAFETY: getpid(2) takes nothing and touches no memory.
-        let mut n = unsafe { libc::getpid() } as u64;
-        let mut len = 0;
-        loop {
-            digits[len] = b'0' + (n % 10) as u8;
-            len += 1;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        // The slot has LISTEN_PID_LEN bytes: 11 + at most 20 digits + NUL fit.
-        for i in 0..len {
-            // SAFETY: within the parent's LISTEN_PID_LEN-byte buffer (see above),
-            // alive and written by no one else until this child has exec'd.
-            unsafe { *a.listen_pid.add(LISTEN_PID.len() + i) = digits[len - 1 - i] };
-        }
-        // SAFETY: as above: the NUL at most at byte 11 + 20 of 32.
-        unsafe { *a.listen_pid.add(LISTEN_PID.len() + len) = 0 };
+        fill_listen_pid(a.listen_pid);
     }
-    if a.set_ids {
-        // `--user`: groups, then gid, then uid (after setresuid(2) the right to
-        // change groups is gone). Raw system calls, as glibc's posix_spawn does
-        // for POSIX_SPAWN_RESETIDS: the C libraries' setuid/setgid wrappers
-        // apply the change to every thread of the process through a signal
-        // broadcast over the thread list, which this child shares with drainit
-        // (CLONE_VM); the raw calls change this task alone. A failure fails the
-        // spawn (exit 126): the app never runs with the wrong ids.
-        // SAFETY: setgroups(2) reads `ngroups` gids from `groups`, the parent's
-        // `Identity::groups`, alive until this child has exec'd or exited; the
-        // other two take integers.
-        let failed = unsafe {
-            libc::syscall(libc::SYS_setgroups, a.ngroups, a.groups) != 0
-                || libc::syscall(libc::SYS_setresgid, a.gid, a.gid, a.gid) != 0
-                || libc::syscall(libc::SYS_setresuid, a.uid, a.uid, a.uid) != 0
-        };
-        if failed {
-            return fail(a);
-        }
+    if a.set_ids && !switch_ids(a) {
+        return fail(a);
     }
     // The mask drainit inherited, replacing drainit's own (nearly everything).
     if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
@@ -267,6 +243,53 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     // alive until this child has exec'd or exited. Returns only on failure.
     unsafe { libc::execvpe(a.file, a.argv, a.envp) };
     fail(a)
+}
+
+/// Writes the calling process's pid after `LISTEN_PID=` in `slot` (the parent's
+/// `LISTEN_PID_LEN`-byte buffer), NUL-terminated: digit by digit, without
+/// formatting machinery, which could allocate ([`exec_child`]'s rules).
+#[allow(unsafe_code)]
+fn fill_listen_pid(slot: *mut u8) {
+    let mut digits = [0u8; 20];
+    // SAFETY: getpid(2) takes nothing and touches no memory.
+    let mut n = unsafe { libc::getpid() } as u64;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // The slot has LISTEN_PID_LEN bytes: 11 + at most 20 digits + NUL fit.
+    for i in 0..len {
+        // SAFETY: within the parent's LISTEN_PID_LEN-byte buffer (see above),
+        // alive and written by no one else until this child has exec'd.
+        unsafe { *slot.add(LISTEN_PID.len() + i) = digits[len - 1 - i] };
+    }
+    // SAFETY: as above: the NUL at most at byte 11 + 20 of 32.
+    unsafe { *slot.add(LISTEN_PID.len() + len) = 0 };
+}
+
+/// `--user` in [`exec_child`]: groups, then gid, then uid (after setresuid(2) the
+/// right to change groups is gone); `false` when one failed (errno set), which
+/// fails the spawn (exit 126): the app never runs with the wrong ids.
+///
+/// Raw system calls, as glibc's posix_spawn does for POSIX_SPAWN_RESETIDS: the C
+/// libraries' setuid/setgid wrappers apply the change to every thread of the
+/// process through a signal broadcast over the thread list, which this child
+/// shares with drainit (CLONE_VM); the raw calls change this task alone.
+#[allow(unsafe_code)]
+fn switch_ids(a: &ExecArgs) -> bool {
+    // SAFETY: setgroups(2) reads `ngroups` gids from `groups`, the parent's
+    // `Identity::groups`, alive until this child has exec'd or exited; the
+    // other two take integers.
+    unsafe {
+        libc::syscall(libc::SYS_setgroups, a.ngroups, a.groups) == 0
+            && libc::syscall(libc::SYS_setresgid, a.gid, a.gid, a.gid) == 0
+            && libc::syscall(libc::SYS_setresuid, a.uid, a.uid, a.uid) == 0
+    }
 }
 
 /// How a process drainit starts begins: built in full before the clone.
@@ -280,6 +303,7 @@ struct Launch<'a> {
     output: Option<std::os::fd::BorrowedFd<'a>>,
     dir: Option<&'a std::ffi::CStr>,
     mask: SigSet,
+    sigpipe_ignored: bool,
     /// `--user` (the main child only).
     user: Option<&'a crate::user::Identity>,
 }
@@ -329,7 +353,7 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
         stdin: l.stdin.map_or(-1, |fd| fd.as_raw_fd()),
         output: l.output.map_or(-1, |fd| fd.as_raw_fd()),
         dir: l.dir.map_or(std::ptr::null(), |d| d.as_ptr()),
-        sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
+        sigpipe_ignored: l.sigpipe_ignored,
         set_ids: l.user.is_some(),
         uid: l.user.map_or(0, |u| u.uid),
         gid: l.user.map_or(0, |u| u.gid),
@@ -376,9 +400,57 @@ fn start(l: &Launch<'_>) -> io::Result<i32> {
 /// # Errors
 /// [`SpawnError`] when the command cannot be started (the failed child was
 /// already waited for, so the reaper never sees it).
-pub fn spawn_child(
+impl Launcher {
+    /// `mask` and SIGPIPE's disposition as drainit found them at its start.
+    pub fn new(mask: InheritedMask, sigpipe_ignored: bool) -> Launcher {
+        Launcher {
+            mask,
+            sigpipe_ignored,
+            start_dir: None,
+        }
+    }
+
+    /// Helpers run in `dir` (the directory drainit was started in).
+    pub fn with_start_dir(mut self, dir: std::path::PathBuf) -> Launcher {
+        self.start_dir = Some(dir);
+        self
+    }
+
+    /// Starts the main child: see [`spawn_child`].
+    ///
+    /// # Errors
+    /// As [`spawn_child`].
+    pub fn spawn_child(&self, spec: &ChildSpec, take_terminal: bool) -> Result<i32, SpawnError> {
+        spawn_child(spec, self, take_terminal)
+    }
+
+    /// Starts a helper: see [`spawn_helper`].
+    ///
+    /// # Errors
+    /// As [`spawn_helper`].
+    pub fn spawn_helper(&self, argv: &[String], output: HelperOutput) -> io::Result<i32> {
+        spawn_helper(argv, output, &[], self)
+    }
+
+    /// As [`Launcher::spawn_helper`], with `extra` variables added to (or
+    /// replacing) drainit's environment: a drain phase's
+    /// `DRAINIT_PHASE_BUDGET_MS`.
+    ///
+    /// # Errors
+    /// As [`spawn_helper`].
+    pub fn spawn_helper_env(
+        &self,
+        argv: &[String],
+        output: HelperOutput,
+        extra: &[(&str, String)],
+    ) -> io::Result<i32> {
+        spawn_helper(argv, output, extra, self)
+    }
+}
+
+fn spawn_child(
     spec: &ChildSpec,
-    mask: InheritedMask,
+    launcher: &Launcher,
     take_terminal: bool,
 ) -> Result<i32, SpawnError> {
     let shown = spec
@@ -407,7 +479,8 @@ pub fn spawn_child(
         stdin: None,
         output: None,
         dir: None,
-        mask: mask.0,
+        mask: launcher.mask.0,
+        sigpipe_ignored: launcher.sigpipe_ignored,
         user: spec.user.as_ref(),
     };
     start(&launch).map_err(|e| {
@@ -471,15 +544,6 @@ pub enum HelperOutput {
     Inherit,
 }
 
-static START_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// Records the directory drainit was started in, before it moves to `/`: helpers
-/// run there, so relative commands and paths in `--teardown` and `--ready-exec`
-/// mean what they meant on the command line.
-pub fn remember_start_dir(dir: std::path::PathBuf) {
-    let _ = START_DIR.set(dir);
-}
-
 /// Spawns one of drainit's own helpers (an exec check, a teardown step) in a process
 /// group of its own, in the directory drainit started in, stdin from /dev/null,
 /// with the signal mask drainit inherited (not drainit's own, which blocks nearly
@@ -490,18 +554,27 @@ pub fn remember_start_dir(dir: std::path::PathBuf) {
 /// # Errors
 /// The spawn failed (not found, permission denied …; `InvalidInput` for a NUL
 /// byte in an argument).
-pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
+fn spawn_helper(
+    argv: &[String],
+    output: HelperOutput,
+    extra: &[(&str, String)],
+    launcher: &Launcher,
+) -> io::Result<i32> {
     let nul = |_| io::Error::from(io::ErrorKind::InvalidInput);
     let argv: Vec<CString> = argv
         .iter()
         .map(|a| CString::new(a.as_bytes()).map_err(nul))
         .collect::<io::Result<_>>()?;
-    let env: Vec<CString> = std::env::vars_os()
-        .filter(|(k, _)| k != "NOTIFY_SOCKET")
+    let mut env: Vec<CString> = std::env::vars_os()
+        .filter(|(k, _)| k != "NOTIFY_SOCKET" && !extra.iter().any(|(e, _)| k == e))
         .filter_map(|(k, v)| CString::new(env_entry(&k, &v)).ok())
         .collect();
-    let dir = START_DIR
-        .get()
+    for (k, v) in extra {
+        env.push(CString::new(env_entry(k.as_ref(), v.as_ref())).map_err(nul)?);
+    }
+    let dir = launcher
+        .start_dir
+        .as_ref()
         .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(nul))
         .transpose()?;
     let null = std::fs::OpenOptions::new()
@@ -520,7 +593,8 @@ pub fn spawn_helper(argv: &[String], output: HelperOutput) -> io::Result<i32> {
             HelperOutput::Inherit => None,
         },
         dir: dir.as_deref(),
-        mask: crate::signals::inherited_mask().0,
+        mask: launcher.mask.0,
+        sigpipe_ignored: launcher.sigpipe_ignored,
         // Helpers (checks, teardown) run as drainit.
         user: None,
     };

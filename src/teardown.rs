@@ -1,11 +1,11 @@
 //! Teardown: the `[[teardown]]` steps that run in order once the drain is over
-//! (DESIGN §2, "Then stopping"), each a helper process bounded by its timeout.
+//! (docs/processes-and-signals.md), each a helper process bounded by its timeout.
 //!
 //! Owns: starting a step (registered with the reaper in the same step as its
 //! spawn), its status channel, and what each step left for the report (duration,
 //! status, why it could not start). The drain machine decides which step runs,
-//! when one is out of time and when the rest is skipped; the driver kills a step
-//! through the tree.
+//! when one is out of time and when the rest is skipped; the tree kills a step
+//! out of time (`AppTree::kill_helper`) when the driver asks.
 //!
 //! Invariant: at most one step runs at a time, and every step started is accounted
 //! for in the report, reaped or not.
@@ -20,7 +20,7 @@ use crate::config::TeardownStep;
 use crate::drain::{ChildExit, StepEnd};
 use crate::reaper::Reaper;
 use crate::report::{self, TeardownJson};
-use crate::spawn::{HelperOutput, spawn_helper};
+use crate::spawn::{HelperOutput, Launcher};
 
 /// A running step.
 struct Running {
@@ -40,15 +40,18 @@ struct Done {
 /// The teardown steps of one run.
 pub struct Teardown {
     steps: Vec<TeardownStep>,
+    /// Starts the steps.
+    launcher: Launcher,
     running: Option<Running>,
     done: Vec<Done>,
 }
 
 impl Teardown {
-    /// The configured steps, none started.
-    pub fn new(steps: Vec<TeardownStep>) -> Teardown {
+    /// The configured steps, none started; `launcher` starts them.
+    pub fn new(steps: Vec<TeardownStep>, launcher: Launcher) -> Teardown {
         Teardown {
             steps,
+            launcher,
             running: None,
             done: Vec::new(),
         }
@@ -72,7 +75,9 @@ impl Teardown {
         let started = Instant::now();
         let spawned = {
             let mut reaper = reaper.borrow_mut();
-            spawn_helper(&step.argv, HelperOutput::Inherit).map(|pid| (pid, reaper.register(pid)))
+            self.launcher
+                .spawn_helper(&step.argv, HelperOutput::Inherit)
+                .map(|pid| (pid, reaper.register(pid)))
         };
         match spawned {
             Ok((pid, rx)) => {

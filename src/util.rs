@@ -1,23 +1,27 @@
 //! Small helpers shared by several modules: durations in log lines, an optional
 //! deadline to sleep until, I/O errors as a word, a listener with a deep accept
-//! queue.
+//! queue, a counter keyed by label in a small vector.
 //!
 //! Must not: hold state or depend on another drainit module (it sits at the bottom
 //! of the module graph).
 
-use std::time::Duration;
+// Shared with the admission proxy, a crate of its own (proxy/) that imports
+// nothing from drainit: they live there and are used here under these names.
+pub use drainit_proxy::util::{bind_listener, fmt_ms};
 
-/// A duration for log lines and check details: `500ms`, `1s`, `1.5s`
-/// (milliseconds precision; whole seconds without a fraction).
-pub fn fmt_ms(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else if ms < 1000 {
-        format!("{ms}ms")
-    } else {
-        format!("{}s", ms as f64 / 1000.0)
-    }
+/// The value for `key` in a small list of label sets (in the order first seen),
+/// inserted as `V::default()` when new. A vector, not a map: each holds a handful
+/// of entries (signals, checks, paths), and every map type would add its own
+/// code to the binary.
+pub fn entry<K: PartialEq, V: Default>(v: &mut Vec<(K, V)>, key: K) -> &mut V {
+    let i = match v.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            v.push((key, V::default()));
+            v.len() - 1
+        }
+    };
+    &mut v[i].1
 }
 
 /// Sleeps until `deadline`; with `None`, never returns (a `select!` arm that is
@@ -54,35 +58,9 @@ pub fn io_word_or_text(e: &std::io::Error) -> String {
     io_word(e).map_or_else(|| e.to_string(), String::from)
 }
 
-/// Binds a non-blocking TCP listener whose accept queue is as deep as the
-/// kernel allows (`listen(2)` again with a backlog of -1, which Linux clamps to
-/// `net.core.somaxconn`: 4096 by default since Linux 5.4). Rust's standard
-/// library listens with 128: a burst of more connections than drainit accepts
-/// at once (hundreds of slow probe clients, clients reconnecting at a drain's
-/// forward) fills that queue, and a SYN the kernel drops is sent again only
-/// after the client's initial retransmission timeout, 1 s (RFC 6298 §2), which
-/// is the kubelet's whole probe timeout. nginx listens with 511, HAProxy with
-/// its `maxconn`.
-///
-/// # Errors
-/// `bind(2)`/`listen(2)` failed (address in use, permission denied …).
-pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
-    nix::sys::socket::listen(&l, nix::sys::socket::Backlog::MAXALLOWABLE)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fmt_ms_writes_ms_below_a_second_and_s_above() {
-        assert_eq!(fmt_ms(Duration::from_millis(500)), "500ms");
-        assert_eq!(fmt_ms(Duration::from_secs(1)), "1s");
-        assert_eq!(fmt_ms(Duration::from_millis(1500)), "1.5s");
-    }
 
     #[test]
     fn io_word_names_the_kinds_and_nothing_else() {

@@ -171,6 +171,20 @@ fn bad_values_name_their_source_and_start_nothing() {
             o.stderr
         );
     };
+    bad_flags(&expect, &tmp);
+    bad_environment(&expect, &tmp);
+    bad_files(&expect, &tmp);
+    assert!(
+        !witness.exists(),
+        "bad configuration must never start the child"
+    );
+}
+
+/// How a refusal is checked: the arguments, the environment, the exit code, and
+/// what the message must name.
+type Expect<'a> = dyn Fn(&[&str], &[(&str, &str)], i32, &[&str]) + 'a;
+
+fn bad_flags(expect: &Expect, tmp: &TmpDir) {
     // Command line: 64, naming the flag.
     expect(
         &["--pre-drain-delay", "5 parsecs"],
@@ -220,6 +234,10 @@ fn bad_values_name_their_source_and_start_nothing() {
         78,
         &["--report-file", "does not exist"],
     );
+}
+
+fn bad_environment(expect: &Expect, tmp: &TmpDir) {
+    let nowhere = tmp.join("missing-dir").join("report.json");
     // Environment: 78, naming the variable.
     expect(
         &[],
@@ -263,6 +281,9 @@ fn bad_values_name_their_source_and_start_nothing() {
         78,
         &["DRAINIT_REPORT_FILE", "does not exist"],
     );
+}
+
+fn bad_files(expect: &Expect, tmp: &TmpDir) {
     // File: 78, naming the key with its line and column.
     let cases = [
         (
@@ -302,7 +323,7 @@ fn bad_values_name_their_source_and_start_nothing() {
         ("pre_drain_delay = \n", &[":1:"][..]),
     ];
     for (text, needles) in cases {
-        let cfg = file(&tmp, text);
+        let cfg = file(tmp, text);
         expect(&["--config", &cfg], &[], 78, needles);
     }
     expect(
@@ -310,10 +331,6 @@ fn bad_values_name_their_source_and_start_nothing() {
         &[],
         78,
         &["/nonexistent/drainit.toml", "not found"],
-    );
-    assert!(
-        !witness.exists(),
-        "bad configuration must never start the child"
     );
 }
 
@@ -441,7 +458,7 @@ fn a_missing_helper_program_is_warned_about_at_start() {
 
 /// A value clap itself reads from the environment and refuses (an empty
 /// `DRAINIT_CONFIG`) is an environment error like any other: 78, naming the
-/// variable (DESIGN §3), while the same mistake on the command line stays 64.
+/// variable (the exit-code table), while the same mistake on the command line stays 64.
 #[test]
 fn a_value_clap_refuses_in_the_environment_is_78_naming_the_variable() {
     let tmp = TmpDir::new("clapenv");

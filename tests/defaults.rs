@@ -1,4 +1,4 @@
-//! The Docker-sized pre-drain delay (DESIGN §2): the default applies only when
+//! The Docker-sized pre-drain delay (docs/processes-and-signals.md): the default applies only when
 //! something routes by drainit's readiness (Kubernetes, or a client that asked
 //! `/readyz`); an explicit value always wins. Black box: what the child received
 //! and when, what the report and the log lines say.

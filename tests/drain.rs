@@ -548,7 +548,7 @@ fn budget_is_logged_and_strict_budget_refuses_what_does_not_fit() {
 fn a_process_started_by_a_cleanup_hook_is_part_of_the_drain_not_signalled() {
     // The worker's TERM trap runs a 0.6 s helper (`sleep`) created after the main
     // child exited: drainit must wait for it, not signal it.
-    let worker = "trap 'sleep 0.6; echo \"worker: cleanup done\" >> \"$MARK\"; exit 0' TERM; while :; do sleep 0.05; done";
+    let worker = "trap 'sleep 0.6; echo \"worker: cleanup done\" >> \"$MARK\"; exit 0' TERM; echo \"worker: started\" >> \"$MARK\"; while :; do sleep 0.05; done";
     let script = format!("sh -c '{}' & exec sleep 30", worker.replace('\'', "'\\''"));
     let sh = vec!["sh".to_string(), "-c".into(), script];
     for mode in BOTH {
@@ -560,7 +560,8 @@ fn a_process_started_by_a_cleanup_hook_is_part_of_the_drain_not_signalled() {
             ),
         );
         r.child_running("sleep");
-        std::thread::sleep(Duration::from_millis(200));
+        // The worker's trap is set.
+        r.wait_started(&["worker"]);
         r.signal(libc::SIGTERM);
         let (rc, elapsed) = r.wait(secs(8));
         assert_eq!(rc, 0, "{mode:?}: {}", r.stderr_text());
@@ -690,10 +691,21 @@ fn a_probe_flood_at_a_low_fd_limit_never_fakes_a_drain() {
     wait_for(secs(5), || {
         (children_of(pid).len() == 1 && children_of(children_of(pid)[0]).len() >= 2).then_some(())
     });
+    let base = open_fds(pid);
     let conns: Vec<TcpStream> = (0..60)
         .filter_map(|_| TcpStream::connect(("127.0.0.1", probe)).ok())
         .collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // drainit has taken up what it will of them: its descriptor count grew and
+    // stopped growing.
+    let mut last = 0;
+    wait_for(secs(10), || {
+        std::thread::sleep(Duration::from_millis(50));
+        let n = open_fds(pid);
+        let stable = n == last && n > base;
+        last = n;
+        stable.then_some(())
+    })
+    .expect("drainit never took up the probe connections");
     let t0 = Instant::now();
     kill(pid, libc::SIGTERM);
     let status = wait_for(secs(10), || child.try_wait().unwrap()).expect("drainit exits");

@@ -336,3 +336,84 @@ fn kubernetes_example_runs_what_dockerfile_example_builds() {
     assert_eq!(port_of(&served), probes_port);
     assert!(yaml.contains("path: /readyz") && yaml.contains("path: /healthz"));
 }
+
+/// The value after `prefix` on the first line of `text` that starts with it, up to
+/// `end`.
+fn after<'a>(text: &'a str, prefix: &str, end: char) -> &'a str {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix}"))
+        .split(end)
+        .next()
+        .unwrap()
+}
+
+/// The multi-arch build: the build stage's first RUN (run here with `rustup`
+/// stubbed) picks, for each TARGETARCH Docker sets, the Rust target and linker
+/// flags that release.sh builds with, and release.sh ships that architecture's
+/// binary as `drainit-<TARGETARCH>` (what docs/packaging.md's `COPY
+/// drainit-${TARGETARCH}` takes); any other architecture fails the build.
+#[test]
+fn dockerfile_example_builds_for_each_targetarch_what_release_sh_ships() {
+    let text = repo_file("Dockerfile.example");
+    let instrs = dockerfile(&text, false);
+    let build = &instrs[..instrs.iter().rposition(|(i, _)| i == "FROM").unwrap()];
+    assert_eq!(
+        instr(build, "FROM"),
+        "--platform=$BUILDPLATFORM rust:1 AS build",
+        "the build stage runs on the builder's arch and cross-compiles"
+    );
+    // A default would override the value BuildKit sets (every image amd64).
+    assert_eq!(instr(build, "ARG"), "TARGETARCH");
+    let select = &build.iter().find(|(i, _)| i == "RUN").unwrap().1;
+
+    let release = repo_file("release.sh");
+    let amd64 = after(&release, "TARGET=${TARGET:-", '}');
+    let arm64 = after(&release, "ARM64_TARGET=", ' ');
+    let arm64_flags = after(&release, "build \"$ARM64_TARGET\" \"", '"');
+    let flags = "-C target-feature=+crt-static -C relocation-model=static";
+    assert!(release.contains(flags));
+    assert!(text.contains(&format!("RUSTFLAGS=\"{flags} $LINKER\"")));
+
+    let tmp = TmpDir::new("targetarch");
+    for (arch, target, linker) in [
+        ("amd64", amd64, ""),
+        ("", amd64, ""),
+        ("arm64", arm64, arm64_flags),
+    ] {
+        let env = tmp.join("target.env");
+        let script = format!(
+            "rustup() {{ echo \"rustup $*\"; }}; {} && echo \"$TARGET|$LINKER\"",
+            select.replace("/target.env", env.to_str().unwrap())
+        );
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .env("TARGETARCH", arch)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "TARGETARCH={arch:?}: {stdout}");
+        assert_eq!(
+            stdout,
+            format!("rustup target add {target}\n{target}|{linker}\n"),
+            "TARGETARCH={arch:?}"
+        );
+        if !arch.is_empty() {
+            assert!(
+                release.contains(&format!("\"$DIST/drainit-{arch}\"")),
+                "release.sh ships no drainit-{arch}"
+            );
+        }
+    }
+    let out = Command::new("sh")
+        .args(["-c", &select.replace("/target.env", "/dev/null")])
+        .env("TARGETARCH", "riscv64")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "riscv64 has no static build here");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("amd64 and arm64 only"));
+    assert!(
+        repo_file("docs/packaging.md").contains("COPY drainit-${TARGETARCH} "),
+        "docs/packaging.md shows the prebuilt binaries picked by TARGETARCH"
+    );
+}

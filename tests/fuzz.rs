@@ -754,8 +754,8 @@ fn px_exchange(port: u16, bytes: &[u8]) -> Vec<u8> {
 }
 
 /// The admission proxy (`--proxy`) in front of the real test app, fed hostile
-/// requests one connection each (DESIGN §11, "nothing the client sends can make
-/// drainit exit, hang, or forget a request"): after every one drainit is alive
+/// requests one connection each (docs/proxy.md: nothing the client sends can make
+/// drainit exit, hang, or forget a request): after every one drainit is alive
 /// and whatever came back starts with a status line; every 25, `/healthz`
 /// answers; after them all, a normal request is served, the descriptors opened
 /// for them are closed again, the app received no request the ledger did not

@@ -1,4 +1,4 @@
-//! Hardening (issue 13): trees that fork as they exit, large trees, processes
+//! Hardening: trees that fork as they exit, large trees, processes
 //! drainit may not signal, and an sd_notify flood from outside the child's tree.
 //! Each test starts the real binary against real processes and asserts what a
 //! user sees: the exit code, the report, what the app received and when.
@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 
 /// The tests of this file run one at a time: each loads the 2-core machine (a fork
-/// loop, thousands of processes, a flood), and the flood test measures latency.
+/// loop, thousands of processes, a flood).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -53,7 +53,7 @@ while True:
         os._exit(0)
 "#;
 
-/// Item 4 of issue 13: a tree that keeps forking and exiting is never reported
+/// A tree that keeps forking and exiting is never reported
 /// drained while it runs. Before the fix, a `/proc` walk that lost the successor
 /// forked between its listing and its read was taken for "none left": the drain
 /// ended `drained`, exit 0, a few ms after the forward, and (as a subreaper) the
@@ -98,10 +98,14 @@ fn forking_chain(mode: Mode) {
         );
         assert!(elapsed >= 1500, "{mode:?}: exited after {elapsed} ms");
         assert!(r.has("app: cleanup done"), "{mode:?}: {}", r.marks());
-        // Nothing of the chain outlives drainit.
-        std::thread::sleep(Duration::from_millis(300));
+        // Nothing of the chain outlives drainit: what is left of it ends (as PID 1,
+        // the namespace's teardown may take the kernel a moment), where a chain
+        // that escaped would fork on forever.
+        let gone = wait_for(secs(10), || {
+            marked_alive(r.tmp.path()).is_empty().then_some(())
+        });
         let left = marked_alive(r.tmp.path());
-        assert!(left.is_empty(), "{mode:?}: still running: {left:?}");
+        assert!(gone.is_some(), "{mode:?}: still running: {left:?}");
     }
 }
 
@@ -132,11 +136,13 @@ while True:
     time.sleep(0.05)
 "#;
 
-/// Item 5 of issue 13: in a large tree the forward comes at its time and the
-/// SIGKILL at the deadline, and the report's times are the times the signals were
-/// sent. Before the fix every walk read every zombie (and its children) before
-/// the signal, the report stamped the forward before that walk, and the kill
-/// walked the tree three times before its first SIGKILL.
+/// In a large tree the forward and the SIGKILL are not held up by the tree: each
+/// goes out before drainit reads `/proc` (signal first, account after), and the
+/// report's times are the times the signals were sent. Asserted as an order of
+/// drainit's own system calls, traced: between reading the SIGTERM from its
+/// signalfd and the `kill(2)` that forwards it, and between the wake-up of the
+/// deadline and the first SIGKILL, no `/proc` file is opened and no directory is
+/// listed. (A walk before the signal, once per zombie, made both seconds late.)
 fn big_tree(mode: Mode) {
     const ZOMBIES: usize = 3000;
     const LIVE: usize = 100;
@@ -173,10 +179,18 @@ fn big_tree(mode: Mode) {
         Mode::Subreaper => app,
         Mode::Pid1 => r.child_running("python3"),
     };
-    r.signal(libc::SIGTERM);
-    let t0 = r.t0;
+    let signalfd = fd_of(r.pid, "anon_inode:[signalfd]").expect("drainit's signalfd");
+    let pid = r.pid;
+    let trace = trace_syscalls(
+        pid,
+        || r.signal(libc::SIGTERM),
+        |call| call.nr == libc::SYS_kill && call.args[1] == libc::SIGKILL as u64,
+    );
     // The app's death, seen from outside (a SIGKILLed app logs nothing).
-    let died = wait_for(secs(15), || (!alive(app_host)).then(now_ms)).expect("the app never died");
+    assert!(
+        wait_for(secs(30), || (!alive(app_host)).then_some(())).is_some(),
+        "{mode:?}: the app never died"
+    );
     let (rc, _) = r.wait(secs(30));
     let rep = r.report();
     assert_eq!(rc, 2, "{mode:?}: {rep}\n{}", r.stderr_text());
@@ -197,41 +211,174 @@ fn big_tree(mode: Mode) {
         num(&rep, "orphans_reaped") >= ZOMBIES as i64,
         "{mode:?}: {rep}"
     );
-    // What the app saw: the forward within 100 ms of T0, the SIGKILL within 100 ms
-    // of the deadline (plus 300 ms: the test's clock starts before `kill` is
-    // run, the app is Python, its death is polled).
+    assert!(
+        r.has("app: got SIGTERM"),
+        "{mode:?}: the app got no SIGTERM: {}",
+        r.stderr_text()
+    );
+    assert_no_walk_before_signals(mode, &trace, signalfd);
+    // The report's times: the forward at T0 (no delay), the SIGKILL not before
+    // the deadline, in that order.
     let deadline = num(&rep, "drain.deadline_ms");
-    let got = r
-        .mark_t("app: got SIGTERM")
-        .expect("the app got no SIGTERM");
-    let seen_forward = got.saturating_sub(t0) as i64;
-    assert!(
-        seen_forward <= 400,
-        "{mode:?}: the app got SIGTERM {seen_forward} ms after T0: {}",
-        r.stderr_text()
-    );
-    let seen_kill = died.saturating_sub(t0) as i64;
-    assert!(
-        seen_kill <= deadline + 400,
-        "{mode:?}: the app died {seen_kill} ms after T0, deadline {deadline} ms: {}",
-        r.stderr_text()
-    );
-    // The report's times are the times the signals were sent.
     let forwarded = num(&rep, "drain.forwarded_at_ms");
     let killed = num(&rep, "drain.killed_at_ms");
     assert!(
-        forwarded <= 100,
-        "{mode:?}: forwarded at {forwarded} ms: {rep}"
+        forwarded < deadline && killed >= deadline,
+        "{mode:?}: forwarded at {forwarded} ms, killed at {killed} ms, deadline {deadline} ms: {rep}"
     );
+}
+
+/// In `trace`: between reading the SIGTERM from the signalfd and the `kill(2)`
+/// that forwards it, and between the deadline's wake-up and the SIGKILL (the
+/// trace's last call), no `/proc` read.
+fn assert_no_walk_before_signals(mode: Mode, trace: &[Call], signalfd: i32) {
+    // The forward: read from the signalfd, then sent, with no walk between.
+    let forward = trace
+        .iter()
+        .position(|c| c.nr == libc::SYS_kill && c.args[1] == libc::SIGTERM as u64)
+        .unwrap_or_else(|| panic!("{mode:?}: no kill(2) with SIGTERM traced"));
+    let read = trace[..forward]
+        .iter()
+        .rposition(|c| c.nr == libc::SYS_read && c.args[0] == signalfd as u64)
+        .unwrap_or_else(|| panic!("{mode:?}: the SIGTERM was never read from the signalfd"));
+    let walk = proc_reads(&trace[read..forward]);
     assert!(
-        (deadline..=deadline + 100).contains(&killed),
-        "{mode:?}: killed at {killed} ms, deadline {deadline} ms: {rep}"
+        walk.is_empty(),
+        "{mode:?}: between reading the SIGTERM and forwarding it drainit made {} \
+         /proc reads: {:?}",
+        walk.len(),
+        &walk[..walk.len().min(5)]
     );
+    // The SIGKILL: the deadline's wake-up, then the signal, with no walk between.
+    let kill = trace.len() - 1;
+    let woke = trace[..kill]
+        .iter()
+        .rposition(|c| EPOLL_WAITS.contains(&c.nr))
+        .unwrap_or_else(|| panic!("{mode:?}: no wake-up before the SIGKILL"));
+    let walk = proc_reads(&trace[woke..kill]);
     assert!(
-        seen_forward <= forwarded + 300 && seen_kill <= killed + 300,
-        "{mode:?}: the app saw the forward at {seen_forward} ms and died at {seen_kill} ms; \
-         the report says {forwarded} and {killed} ms"
+        walk.is_empty(),
+        "{mode:?}: between the deadline's wake-up and the SIGKILL drainit made {} \
+         /proc reads: {:?}",
+        walk.len(),
+        &walk[..walk.len().min(5)]
     );
+}
+
+/// One system call of a traced thread, at its entry: its number and arguments.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    nr: i64,
+    args: [u64; 3],
+}
+
+/// The calls that wait for the next wake-up of drainit's loop.
+const EPOLL_WAITS: [i64; 3] = [
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+];
+
+/// The calls of `calls` that read `/proc` (or any file or directory): opening a
+/// file, listing a directory. drainit's loop opens nothing else while it drains.
+fn proc_reads(calls: &[Call]) -> Vec<Call> {
+    calls
+        .iter()
+        .filter(|c| [libc::SYS_openat, libc::SYS_open, libc::SYS_getdents64].contains(&c.nr))
+        .copied()
+        .collect()
+}
+
+/// The descriptor of `pid` whose link reads `target` (`/proc/PID/fd`).
+fn fd_of(pid: i32, target: &str) -> Option<i32> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .find(|e| fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == target))?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// Traces the system calls of the thread `pid` (drainit's supervisor thread;
+/// threads it starts later are not traced): attaches (`PTRACE_SEIZE`), runs
+/// `then` once the thread is stopped, and records every call at its entry until
+/// `until` holds for one (recorded too), then detaches and lets it run on.
+/// Each call only stops the thread a moment; the order of the calls is what a
+/// test reads, never their times.
+#[allow(unsafe_code)]
+fn trace_syscalls(
+    pid: i32,
+    then: impl FnOnce(),
+    mut until: impl FnMut(&Call) -> bool,
+) -> Vec<Call> {
+    const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
+    // SAFETY: ptrace(2) on a process of this test; no memory of ours is passed.
+    let seized = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid,
+            0,
+            libc::PTRACE_O_TRACESYSGOOD as usize,
+        )
+    };
+    assert_eq!(
+        seized,
+        0,
+        "PTRACE_SEIZE of drainit: {}",
+        std::io::Error::last_os_error()
+    );
+    let stop = || {
+        let mut st = 0;
+        // SAFETY: waitpid(2) on our tracee, status into a local.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::__WALL) };
+        assert_eq!(r, pid, "waitpid on the traced drainit");
+        assert!(libc::WIFSTOPPED(st), "drainit ended while traced: {st:#x}");
+        st
+    };
+    // SAFETY: as above.
+    unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) };
+    stop();
+    then();
+    let mut calls = Vec::new();
+    let mut inject = 0;
+    for _ in 0..10_000_000 {
+        // SAFETY: resume our stopped tracee to its next system call stop.
+        unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, inject) };
+        let st = stop();
+        inject = 0;
+        if libc::WSTOPSIG(st) != SYSCALL_STOP {
+            // A signal about to be delivered goes on to the tracee; an event
+            // stop (the interrupt's) carries none.
+            if st >> 16 == 0 {
+                inject = libc::WSTOPSIG(st) as usize;
+            }
+            continue;
+        }
+        // SAFETY: GETREGS of a stopped tracee into a zeroed local struct.
+        let regs = unsafe {
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs as *mut _);
+            regs
+        };
+        // At a call's entry the kernel has set rax to -ENOSYS; at its exit, the
+        // result.
+        if regs.rax as i64 != -i64::from(libc::ENOSYS) {
+            continue;
+        }
+        let call = Call {
+            nr: regs.orig_rax as i64,
+            args: [regs.rdi, regs.rsi, regs.rdx],
+        };
+        calls.push(call);
+        if until(&call) {
+            // SAFETY: detach our stopped tracee; it runs on untraced.
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
+            return calls;
+        }
+    }
+    panic!("drainit made ten million system calls without the one awaited");
 }
 
 #[test]
@@ -270,6 +417,8 @@ while True:
 /// Floods an abstract datagram socket from outside drainit's tree, ignoring a
 /// full queue, until killed: two senders at the bottom of a chain of 40
 /// processes (a deep parent chain is what made each datagram expensive to reject).
+/// Each sender writes a line to the file named by its second argument once its
+/// first datagram went out. The chain's head lives as long as a sender does.
 const FLOODER: &str = r#"
 import os, socket, sys
 for _ in range(40):
@@ -281,9 +430,14 @@ s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 s.setblocking(False)
 addr = "\0" + sys.argv[1][1:]
 msg = b"READY=1\nSTATUS=flood\nWATCHDOG=trigger"
+said = False
 while True:
     try:
         s.sendto(msg, addr)
+        if not said:
+            with open(sys.argv[2], "a") as f:
+                f.write("flooding\n")
+            said = True
     except (BlockingIOError, ConnectionRefusedError):
         pass
 "#;
@@ -293,7 +447,7 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
-/// Item 3 of issue 13: a process outside the child's tree that floods the notify
+/// A process outside the child's tree that floods the notify
 /// socket starves nothing. Before the fix the receive loop read until the queue
 /// was empty, walking the sender's `/proc` parent chain for every datagram, and
 /// a flood kept it from ever being empty: signals were not forwarded, probes not
@@ -335,22 +489,79 @@ fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_dr
     // The flooder: a child of the test, not of drainit, in the same namespaces.
     let mut flooder = std::process::Command::new(python())
         .args(["-c", FLOODER, &sock])
+        .arg(r.path("flooding"))
         .env("DRAINIT_TEST_TMP", r.tmp.path())
         .spawn()
         .expect("start the flooder");
-    std::thread::sleep(Duration::from_millis(300));
+    // Both senders are flooding before anything is measured.
+    assert!(
+        wait_for(secs(30), || {
+            (fs::read_to_string(r.path("flooding"))
+                .unwrap_or_default()
+                .lines()
+                .count()
+                >= 2)
+                .then_some(())
+        })
+        .is_some(),
+        "the flooders never sent a datagram"
+    );
+    // What follows happens while the flood runs: each step checks it still does.
+    let mut flooding = |what: &str| {
+        assert!(
+            flooder.try_wait().unwrap().is_none(),
+            "the flood ended before {what}"
+        );
+    };
     // Forwarding under the flood: SIGUSR1 to drainit, until the app logs it.
+    let latencies = forwards_under_flood(&r, &mut flooding);
+    // The probes under the flood.
+    let probes = probes_under_flood(port, &mut flooding);
+    let (_, _, body) = http(port, "/readyz", "GET");
+    assert!(
+        !body.contains("flood"),
+        "an outsider's STATUS= was taken: {body}"
+    );
+    // The drain under the flood: the forward and a clean exit (`drained`: all
+    // of it before the 5 s deadline), all while the flood runs.
+    r.signal(libc::SIGTERM);
+    let (rc, elapsed) = r.wait(secs(30));
+    flooding("drainit exited");
+    let _ = flooder.kill();
+    let _ = flooder.wait();
+    let rep = r.report();
+    assert_eq!(rc, 0, "{rep}\n{}", r.stderr_text());
+    assert_eq!(text(&rep, "reason"), "drained", "{rep}");
+    assert!(r.has("app: got SIGTERM"), "{}", r.marks());
+    assert!(
+        num(&rep, "drain.forwarded_at_ms") < num(&rep, "drain.deadline_ms"),
+        "{rep}"
+    );
+    // The figures, for the reader (the benchmark's business, not an assertion).
+    let (fwd, probe) = (median(latencies.clone()), median(probes.clone()));
+    eprintln!(
+        "under the flood: forward p50 {fwd} ms {latencies:?}; /healthz p50 {probe} ms {probes:?}; \
+         drain {elapsed} ms"
+    );
+}
+
+/// Twenty SIGUSR1s to drainit under the flood, each waited for until the app
+/// logs it (`flooding` checks the flood still runs); their latencies in ms.
+fn forwards_under_flood(r: &Running, flooding: &mut dyn FnMut(&str)) -> Vec<u64> {
     let mut latencies = Vec::new();
     for i in 1..=20 {
         let sent = now_ms();
         // SAFETY: kill(2) with a pid this test started.
         assert_eq!(unsafe { libc::kill(r.pid, libc::SIGUSR1) }, 0);
-        let seen = wait_for(secs(3), || (r.count("app: got SIGUSR1") >= i).then_some(()));
+        let seen = wait_for(secs(10), || {
+            (r.count("app: got SIGUSR1") >= i).then_some(())
+        });
         assert!(
             seen.is_some(),
-            "SIGUSR1 #{i} not forwarded within 3 s under the flood\n{}",
+            "SIGUSR1 #{i} not forwarded under the flood\n{}",
             r.stderr_text()
         );
+        flooding(&format!("SIGUSR1 #{i} was forwarded"));
         let t: u64 = r.lines("app: got SIGUSR1")[i - 1]
             .rsplit_once(" t=")
             .unwrap()
@@ -360,7 +571,12 @@ fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_dr
         latencies.push(t.saturating_sub(sent));
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The probes under the flood.
+    latencies
+}
+
+/// Ten `/healthz` requests under the flood, each answered 200 (`flooding`
+/// checks the flood still runs); their durations in ms.
+fn probes_under_flood(port: u16, flooding: &mut dyn FnMut(&str)) -> Vec<u64> {
     let mut probes = Vec::new();
     for _ in 0..10 {
         let sent = std::time::Instant::now();
@@ -368,34 +584,9 @@ fn an_sd_notify_flood_from_outside_starves_neither_signals_nor_probes_nor_the_dr
         probes.push(sent.elapsed().as_millis() as u64);
         // The flooder's WATCHDOG=trigger and STATUS= were not taken.
         assert_eq!(code, 200, "{body}");
+        flooding("a /healthz was answered");
     }
-    let (_, _, body) = http(port, "/readyz", "GET");
-    assert!(
-        !body.contains("flood"),
-        "an outsider's STATUS= was taken: {body}"
-    );
-    // The drain under the flood: 503 at once, then a clean exit.
-    r.signal(libc::SIGTERM);
-    let (rc, elapsed) = r.wait(secs(10));
-    let _ = flooder.kill();
-    let _ = flooder.wait();
-    let rep = r.report();
-    assert_eq!(rc, 0, "{rep}\n{}", r.stderr_text());
-    assert_eq!(text(&rep, "reason"), "drained", "{rep}");
-    assert!(num(&rep, "drain.forwarded_at_ms") <= 100, "{rep}");
-    assert!(elapsed < 3000, "the drain took {elapsed} ms");
-    let (fwd, probe) = (median(latencies.clone()), median(probes.clone()));
-    eprintln!(
-        "under the flood: forward p50 {fwd} ms {latencies:?}; /healthz p50 {probe} ms {probes:?}"
-    );
-    assert!(
-        fwd <= 50,
-        "forwarding p50 {fwd} ms under the flood: {latencies:?}"
-    );
-    assert!(
-        probe <= 100,
-        "/healthz p50 {probe} ms under the flood: {probes:?}"
-    );
+    probes
 }
 
 /// A setuid-root program: it takes every uid (so that its unprivileged parent may
@@ -417,7 +608,7 @@ int main(void) {
 }
 "#;
 
-/// The unkillable outcome of issue 13: drainit (here as an unprivileged user)
+/// The unkillable outcome: drainit (here as an unprivileged user)
 /// cannot SIGKILL a process that took root's uids (`EPERM`). It is reported
 /// `unkillable`, not `abandoned` (it was not killed: it runs on), logged once,
 /// and the drain is not clean (exit 2).

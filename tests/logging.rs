@@ -137,10 +137,19 @@ fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
     let mut drainit = start(&tmp, &args, &[], Stdio::piped());
     let _guard = Guard(tmp.path().to_path_buf());
     let pid = drainit.id() as i32;
-    let mut stderr = drainit.stderr.take().unwrap();
+    let stderr = drainit.stderr.take().unwrap();
+    // Reads every line as it comes; says when the "started" line has.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+            let line = line.unwrap();
+            if line.contains("started sleep") {
+                let _ = started_tx.send(());
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
         text
     });
     let child = wait_for(Duration::from_secs(5), || {
@@ -148,8 +157,10 @@ fn a_stderr_pipe_that_keeps_up_needs_no_writer_thread() {
         kids.split_whitespace().next()?.parse::<i32>().ok()
     })
     .expect("drainit started no child");
-    // The "started" line has been written by now (it comes right after the spawn).
-    std::thread::sleep(Duration::from_millis(200));
+    // The "started" line has been written (it comes right after the spawn).
+    started_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("no \"started\" line");
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .count();

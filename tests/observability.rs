@@ -1,4 +1,4 @@
-//! Operations, black box (DESIGN §12): `GET /metrics` read by a real Prometheus
+//! Operations, black box: `GET /metrics` read by a real Prometheus
 //! parser (the Python `prometheus_client` package; `.ci/run` installs it), the
 //! `--probe` health-check client, drain progress lines, timestamps and journald
 //! priorities in the log, and the partial report a SIGKILL of drainit leaves.
@@ -101,6 +101,32 @@ fn scrape(port: u16) -> Vec<Sample> {
     parse_metrics(&body)
 }
 
+/// The file check's runs: at least one pass, and a duration histogram whose
+/// `+Inf` bucket holds every run.
+fn assert_file_check_counted(m: &[Sample]) {
+    let pass = [("check", "file"), ("result", "pass")];
+    assert!(
+        value(m, "drainit_checks_total", &pass) >= Some(1.0),
+        "{m:?}"
+    );
+    assert!(
+        value(
+            m,
+            "drainit_check_duration_seconds_count",
+            &[("check", "file")]
+        ) >= Some(1.0)
+    );
+    let inf = [("check", "file"), ("le", "+Inf")];
+    assert_eq!(
+        value(m, "drainit_check_duration_seconds_bucket", &inf),
+        value(
+            m,
+            "drainit_check_duration_seconds_count",
+            &[("check", "file")]
+        )
+    );
+}
+
 #[test]
 fn metrics_count_what_happened_before_and_during_a_drain() {
     for mode in BOTH {
@@ -161,27 +187,7 @@ fn metrics_count_what_happened_before_and_during_a_drain() {
             value(&m, "drainit_signals_forwarded_total", &sighup),
             Some(1.0)
         );
-        let pass = [("check", "file"), ("result", "pass")];
-        assert!(
-            value(&m, "drainit_checks_total", &pass) >= Some(1.0),
-            "{m:?}"
-        );
-        assert!(
-            value(
-                &m,
-                "drainit_check_duration_seconds_count",
-                &[("check", "file")]
-            ) >= Some(1.0)
-        );
-        let inf = [("check", "file"), ("le", "+Inf")];
-        assert_eq!(
-            value(&m, "drainit_check_duration_seconds_bucket", &inf),
-            value(
-                &m,
-                "drainit_check_duration_seconds_count",
-                &[("check", "file")]
-            )
-        );
+        assert_file_check_counted(&m);
         let req = |path, status| {
             value(
                 &m,

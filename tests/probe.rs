@@ -1,4 +1,4 @@
-//! The probe server and readiness (DESIGN §6, §7).
+//! The probe server and readiness (docs/probes.md).
 //!
 //! Component tests speak raw bytes over TCP to `probe::serve`, bound on
 //! `127.0.0.1:0` on a single-threaded runtime (the production setup), with the
@@ -109,8 +109,18 @@ impl Server {
             probe::bind("127.0.0.1:0".parse().expect("addr")).expect("bind the probe socket");
         let addr = listener.local_addr().expect("local_addr");
         let (state, state_rx) = watch::channel(Published::new());
-        let checks = Checks::new(specs, Rc::new(RefCell::new(Reaper::new())));
-        tokio::task::spawn_local(probe::serve(listener, state_rx, checks.clone()));
+        let reaper = Rc::new(RefCell::new(Reaper::new()));
+        let checks = Checks::new(specs, reaper, drainit::spawn::Launcher::default());
+        let (asked, _) = drainit::published::ReadyzAsked::channel();
+        let metrics = drainit::metrics::Metrics::default();
+        tokio::task::spawn_local(probe::serve(
+            listener,
+            state_rx,
+            checks.clone(),
+            metrics,
+            asked,
+            None,
+        ));
         Server {
             addr,
             state,
@@ -460,7 +470,7 @@ fn a_hanging_exec_check_answers_within_its_timeout() {
     local(async {
         let s = Server::start(vec![check(
             "slow",
-            CheckKind::Exec(vec!["sleep".into(), "10".into()]),
+            CheckKind::Exec(vec!["sleep".into(), "11".into()]),
             500,
         )]);
         s.phase(Phase::Ready);
@@ -478,12 +488,13 @@ fn a_hanging_exec_check_answers_within_its_timeout() {
             took >= Duration::from_millis(495),
             "answered after {took:?}, before the check's timeout"
         );
-        // The command sleeps 10 s: answered at the check's timeout, not at its end.
+        // The command sleeps 11 s: answered at the check's timeout, not at its end.
         assert!(
             took < Duration::from_secs(5),
             "answered after {took:?}, not at the check's 500 ms timeout"
         );
         // /healthz is not held up by a running evaluation.
+        let before = running(&["sleep", "11"]);
         let evaluation = tokio::task::spawn_local({
             let addr = s.addr;
             async move {
@@ -493,7 +504,8 @@ fn a_hanging_exec_check_answers_within_its_timeout() {
                 let _ = c.read_to_end(&mut buf).await;
             }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The evaluation is under way: its check's command runs.
+        check_started(&["sleep", "11"], &before).await;
         let started = Instant::now();
         assert_eq!(s.get("/healthz").await.status, 200);
         // Answered while the evaluation (500 ms) still runs: not held up by it.
@@ -585,6 +597,29 @@ fn a_url_with_credentials_never_appears_in_a_body() {
 }
 
 /// Opens `n` connections that each send half a request head and stall.
+/// The live children of this test process whose command line is `argv` (the
+/// exec checks the in-process servers started).
+fn running(argv: &[&str]) -> Vec<i32> {
+    let want = argv.join("\0") + "\0";
+    children_of(std::process::id() as i32)
+        .into_iter()
+        .filter(|&p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+                && status_field(p, "State").is_some_and(|s| !s.starts_with('Z'))
+        })
+        .collect()
+}
+
+/// Waits (10 s, letting the local tasks run) until a child running `argv` that
+/// is not in `before` exists: a check evaluation has started its command.
+async fn check_started(argv: &[&str], before: &[i32]) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while running(argv).iter().all(|p| before.contains(p)) {
+        assert!(Instant::now() < end, "the check {argv:?} never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn stalled_clients(addr: SocketAddr, n: usize) -> Vec<(tokio::net::TcpStream, Instant)> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
@@ -677,25 +712,28 @@ async fn idle_clients(addr: SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> 
     v
 }
 
-/// B32's kind: past the cap, a connection whose request is being answered (a
-/// `/readyz` waiting on its check) is never the one closed, whether the cap is
-/// reached by slow clients (half a head) or idle ones (no byte at all).
+/// As in tests/cases.rs (a wedged app under slow clients): past the cap, a
+/// connection whose request is being answered (a `/readyz` waiting on its check)
+/// is never the one closed, whether the cap is reached by slow clients (half a
+/// head) or idle ones (no byte at all).
 #[test]
 fn past_the_cap_a_probe_being_answered_is_never_closed() {
     for idle in [false, true] {
         local(async {
             let s = Rc::new(Server::start(vec![check(
                 "slow",
-                CheckKind::Exec(vec!["sleep".into(), "10".into()]),
+                CheckKind::Exec(vec!["sleep".into(), "12".into()]),
                 500,
             )]));
             s.phase(Phase::Ready);
+            let before = running(&["sleep", "12"]);
             let readyz = tokio::task::spawn_local({
                 let s = s.clone();
                 async move { s.get("/readyz").await }
             });
-            // The /readyz request is read in full and waits for its check.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The /readyz request is read in full and waits for its check: the
+            // check's command runs.
+            check_started(&["sleep", "12"], &before).await;
             let n = probe::MAX_CONNECTIONS + 100;
             let _held = if idle {
                 (idle_clients(s.addr, n).await, Vec::new())
@@ -715,27 +753,46 @@ fn past_the_cap_a_probe_being_answered_is_never_closed() {
 }
 
 /// Under 1000 stalled clients (twice the cap) fresh `/healthz` probes keep
-/// answering; the p99 is printed (the issue's goal is 10 ms; the assertion is
-/// loose, a busy 2-core machine must not fail it).
+/// answering, none of them waiting for a stalled client to be timed out to get a
+/// place: just before each probe a new stalled client (a witness) connects, and
+/// the probe's answer comes while that witness is still open (its header read
+/// timeout has not run out; the cap closes the oldest connection first, never
+/// the newest). An order of events, not a speed; the latencies are printed.
 #[test]
 fn healthz_under_a_thousand_slow_clients() {
     local(async {
         let s = Server::start(Vec::new());
-        let _slow = stalled_clients(s.addr, 1000).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut slow = stalled_clients(s.addr, 1000).await;
+        // The server has taken them up to its cap: it closed the oldest.
+        let mut b = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(30), slow[0].0.read(&mut b)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0) | Err(_))),
+            "the oldest of 1000 stalled clients was never closed: {closed:?}"
+        );
         let mut took = Vec::new();
-        for _ in 0..100 {
+        let mut witnesses = Vec::new();
+        for i in 0..100 {
+            let (witness, _) = stalled_clients(s.addr, 1).await.pop().unwrap();
             let started = Instant::now();
             let r = s.get("/healthz").await;
             took.push(started.elapsed());
-            assert_eq!(r.status, 200);
+            assert_eq!(r.status, 200, "probe {i}");
+            let mut one = [0u8; 1];
+            match witness.try_read(&mut one) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => panic!(
+                    "probe {i} was answered only after the stalled client that connected \
+                     just before it had been closed ({other:?})"
+                ),
+            }
+            witnesses.push(witness);
         }
         took.sort();
         eprintln!(
             "/healthz under 1000 slow clients: p50 {:?} p99 {:?}",
             took[49], took[98]
         );
-        assert!(took[98] < Duration::from_secs(1), "p99 {:?}", took[98]);
     });
 }
 

@@ -1,13 +1,16 @@
-//! The admission proxy (`--proxy LISTEN=UPSTREAM`, DESIGN §11), black box: the real
+//! The admission proxy (`--proxy LISTEN=UPSTREAM`, docs/proxy.md), black box: the real
 //! binary in front of a real app (tests/fixtures/proxyapp.py: routes, modes and its
 //! log are described in its header), real clients over `std::net` with a small
 //! HTTP/1.1 reader below, and what a client got, what the app's log says it received,
 //! and what the exit report says.
 //!
 //! Every report read here is checked against the ledger's equations (`ledger`).
-//! Durations are short (pre-drain 200 ms–1 s, drain 1–6 s); upper bounds loose.
-//! Tests that depend on when things happen check their own preconditions ("the
-//! machine is too slow") rather than pass by luck. The whole file takes ~30 s.
+//! Durations are short (pre-drain 200 ms–2 s, drain 1–10 s); upper bounds are
+//! generous deadlines. Tests wait for events (a line of the app's log or of
+//! drainit's, a `/metrics` counter) rather than sleep; where a test acts inside
+//! a window of the behaviour (the pre-drain delay), it checks by the order of
+//! events that it did ("admission closed" not yet logged) rather than pass by
+//! luck.
 //!
 //! Covered: pass-through and keep-alive (both sides), hop-by-hop and
 //! X-Forwarded-For and Forwarded, streaming both ways in bounded memory, the gate before ready,
@@ -15,7 +18,7 @@
 //! draining 503 on new and idle connections, the forward after the last request,
 //! PID 1 too), the deadline (abandoned, named), lost/canceled outcomes, /metrics,
 //! bad clients (400, 431, slowloris), floods across a drain, WebSocket and SSE
-//! streams (§11.1), bad values (64/78).
+//! streams, bad values (64/78).
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -156,6 +159,31 @@ impl Px {
         assert!(
             wait_until(secs(5), || !self.logged(prefix).is_empty()),
             "{}",
+            self.ctx()
+        );
+    }
+
+    /// Waits (10 s) until drainit's stderr has a line containing `text`
+    /// (`admission closed`: beat 3 has begun).
+    fn wait_drainit_logged(&self, text: &str) {
+        assert!(
+            wait_until(secs(10), || self.r.stderr_text().contains(text)),
+            "drainit never logged {text:?}{}",
+            self.ctx()
+        );
+    }
+
+    /// Waits (10 s) until a line of drainit's `/metrics` is exactly `line`
+    /// (`drainit_proxy_requests_total{outcome="canceled"} 1`: the ledger has
+    /// settled that request).
+    fn wait_metric(&self, line: &str) {
+        assert!(
+            wait_until(secs(10), || http(self.probe, "/metrics", "GET")
+                .2
+                .lines()
+                .any(|l| l == line)),
+            "/metrics never had {line:?}:\n{}{}",
+            http(self.probe, "/metrics", "GET").2,
             self.ctx()
         );
     }
@@ -1013,7 +1041,7 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
             "--ready-interval",
             "50ms",
             "--pre-drain-delay",
-            "1s",
+            "2s",
             "--drain-timeout",
             "5s",
         ],
@@ -1042,11 +1070,18 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     // From T0, inside the pre-drain delay: 503, while the app still serves.
     let h = get(px.port, "/health");
     assert_eq!(h.status, 503, "{h:?}");
-    assert!(
-        px.r.t0 + 900 > now_ms(),
-        "the machine is too slow for the 1 s delay"
+    let ok = get(px.port, "/ok");
+    assert_eq!(
+        ok.status,
+        200,
+        "the app no longer served after the health path failed{}",
+        px.ctx()
     );
-    assert_eq!(get(px.port, "/ok").status, 200);
+    assert!(
+        !px.r.stderr_text().contains("admission closed"),
+        "the health path failed only once admission had closed{}",
+        px.ctx()
+    );
     let (code, rep) = px.finish(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert!(
@@ -1060,7 +1095,7 @@ fn the_health_path_follows_readiness_and_never_reaches_the_app() {
     assert_eq!(counts(&rep)[..4], [3, 0, 3, 3], "{rep}");
 }
 
-/// The health path answers as `/readyz` does (README, DESIGN §11): once ready,
+/// The health path answers as `/readyz` does (docs/proxy.md, "Health path"): once ready,
 /// a check that fails again makes `/readyz` 503 `degraded`, and the health path
 /// with it, while requests still pass.
 #[test]
@@ -1096,7 +1131,7 @@ fn the_health_path_fails_when_readyz_says_degraded() {
     assert_eq!(code, 0, "{}", px.ctx());
 }
 
-/// A second drain signal cuts the wait for the requests in flight short (README):
+/// A second drain signal cuts the wait for the requests in flight short (docs/proxy.md):
 /// the app is signalled at once, and a naive app dies with the request inside.
 #[test]
 fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
@@ -1120,11 +1155,16 @@ fn a_second_drain_signal_forwards_at_once_with_a_request_in_flight() {
     });
     px.wait_logged("recv GET /slow");
     px.r.signal(libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(300));
+    // Beat 3 has come (no delay), and the drain signal waits for the request.
+    px.wait_drainit_logged("admission closed");
     assert!(
-        px.logged("signal TERM").is_empty(),
-        "forwarded with a request in flight"
+        px.logged("signal TERM").is_empty() && !px.r.stderr_text().contains("forwarded"),
+        "forwarded with a request in flight{}",
+        px.ctx()
     );
+    // Past the 100 ms in which a second signal counts as the first: time passing
+    // (the behaviour's window), not a wait for anything.
+    std::thread::sleep(Duration::from_millis(200));
     px.r.signal(libc::SIGTERM);
     let (code, rep) = px.finish(secs(4));
     assert!(
@@ -1207,7 +1247,7 @@ fn asking_the_health_path_makes_the_default_pre_drain_delay_apply() {
     }
 }
 
-/// The beats with a 1 s pre-drain delay and one slow request keeping the drain
+/// The beats with a 2 s pre-drain delay and one slow request keeping the drain
 /// open: `Connection: close` from T0; from T0 + delay a local 503 for a new
 /// connection (with a body, read first) and for an idle keep-alive connection
 /// opened before T0; the slow request completes.
@@ -1219,9 +1259,9 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
             "--ready-tcp",
             "127.0.0.1:{app}",
             "--pre-drain-delay",
-            "1s",
+            "2s",
             "--drain-timeout",
-            "6s",
+            "10s",
         ],
         &["--mode", "graceful"],
     );
@@ -1234,7 +1274,7 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
     let port = px.port;
     let slow = std::thread::spawn(move || {
         let mut s = Conn::open(port);
-        s.get("/slow?ms=4000", &[]).map(|r| (r.status, r.closes()))
+        s.get("/slow?ms=7000", &[]).map(|r| (r.status, r.closes()))
     });
     px.wait_logged("recv GET /slow");
     px.term();
@@ -1247,13 +1287,8 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
         b.closed(),
         "the connection stayed open after Connection: close"
     );
-    assert!(
-        now_ms() < px.r.t0 + 1000,
-        "the machine is too slow for the 1 s delay"
-    );
-    // Beat 3: admission closed.
-    let at = px.r.t0 + 1250;
-    std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms())));
+    // Beat 3: admission closed (the slow request, 7 s in the app, still runs).
+    px.wait_drainit_logged("admission closed");
     let mut c = px.conn();
     c.request("POST", "/upload", &[], Some(&[b'y'; 16 * 1024]))
         .unwrap();
@@ -1266,8 +1301,9 @@ fn the_beats_connection_close_then_a_local_503_even_on_an_idle_keep_alive_connec
         .unwrap_or_else(|e| panic!("the idle keep-alive connection was cut: {e}{}", px.ctx()));
     assert_draining_503(&resp, "an idle keep-alive connection after the delay");
     assert!(
-        now_ms() < px.r.t0 + 3500,
-        "the machine is too slow: the slow request may be over"
+        !slow.is_finished(),
+        "the slow request was over before the 503s were checked{}",
+        px.ctx()
     );
     let (st, closes) = slow.join().unwrap().expect("the slow request");
     assert_eq!(st, 200);
@@ -1650,7 +1686,7 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
 
 /// The app closes a kept-alive connection as drainit reuses it: it reads the
 /// request and closes without a byte back. A GET is idempotent, so drainit
-/// sends it once more on a new connection (README "Upstream"): the client gets
+/// sends it once more on a new connection (docs/proxy.md, "Upstream"): the client gets
 /// its 200, and the report says the request reached the app twice.
 #[test]
 fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
@@ -1740,7 +1776,8 @@ fn a_client_that_goes_away_mid_request_is_canceled() {
         "{}",
         px.ctx()
     );
-    std::thread::sleep(Duration::from_millis(100));
+    // The ledger has settled it.
+    px.wait_metric("drainit_proxy_requests_total{outcome=\"canceled\"} 1");
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(counts(&rep), [1, 0, 1, 0, 0, 0, 1, 0, 0], "{rep}");
@@ -1835,7 +1872,7 @@ fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
             "--ready-tcp",
             "127.0.0.1:{app}",
             "--pre-drain-delay",
-            "1s",
+            "2s",
             "--drain-timeout",
             "5s",
         ],
@@ -1848,9 +1885,11 @@ fn a_client_that_goes_away_mid_body_is_canceled_and_the_drain_stays_clean() {
         .unwrap();
     px.wait_logged("recv POST /upload");
     drop(c);
+    // The client left inside the pre-drain delay, before admission closed.
     assert!(
-        now_ms() < px.r.t0 + 900,
-        "the machine is too slow for the 1 s delay"
+        !px.r.stderr_text().contains("admission closed"),
+        "the client left only after admission had closed{}",
+        px.ctx()
     );
     let (code, rep) = px.finish(secs(8));
     assert_eq!(
@@ -1928,13 +1967,20 @@ fn under_a_flood_the_drain_loses_nothing_and_the_ledger_matches_the_clients() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // The flood is under way: the app has served the clients.
+    assert!(
+        wait_until(secs(10), || px.logged("recv GET /ok").len() >= 30),
+        "{}",
+        px.ctx()
+    );
     px.r.signal(libc::SIGTERM);
     let sent = Instant::now();
-    let flipped = wait_for(secs(3), || {
+    let flipped = wait_for(secs(10), || {
         (http(px.probe, "/readyz", "GET").0 == 503).then(|| sent.elapsed())
     })
     .expect("/readyz never failed");
+    // At once: before admission closed at the end of the 1 s delay.
+    let closed_first = px.r.stderr_text().contains("admission closed");
     let (mut ok, mut rejected) = (0, 0);
     for c in clients {
         let (o, r, failed) = c.join().unwrap();
@@ -1947,8 +1993,8 @@ fn under_a_flood_the_drain_loses_nothing_and_the_ledger_matches_the_clients() {
     eprintln!("flood: {ok} requests served, /readyz failed {flipped:?} after SIGTERM");
     assert_eq!(code, 0, "{}", px.ctx());
     assert!(
-        flipped < Duration::from_millis(500),
-        "/readyz flipped {flipped:?} after SIGTERM under load (DESIGN: 100 ms)"
+        !closed_first,
+        "/readyz flipped {flipped:?} after SIGTERM under load, only once admission had closed"
     );
     assert_eq!(
         counts(&rep),
@@ -2013,7 +2059,12 @@ fn admission_closes_atomically_under_a_flood_with_no_delay_and_a_naive_app() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(400));
+    // The flood is under way: the app has served the clients.
+    assert!(
+        wait_until(secs(10), || px.logged("recv GET /ok").len() >= 30),
+        "{}",
+        px.ctx()
+    );
     px.r.signal(libc::SIGTERM);
     let (mut ok, mut rejected) = (0, 0);
     for c in clients {
@@ -2293,8 +2344,9 @@ fn a_client_that_stalls_its_request_body_gets_408_after_the_body_timeout() {
     c.send(b"POST /upload HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n0123456789")
         .unwrap();
     let t = Instant::now();
-    // Meanwhile everyone else is served.
-    std::thread::sleep(Duration::from_millis(500));
+    // Meanwhile (the stalled request is in the app, waiting for its body)
+    // everyone else is served.
+    px.wait_logged("recv POST /upload");
     assert_eq!(get(px.port, "/ok").status, 200);
     let resp = c
         .response(false)
@@ -2317,10 +2369,13 @@ fn a_client_that_stalls_its_request_body_gets_408_after_the_body_timeout() {
 fn slowloris_clients_do_not_delay_a_normal_request() {
     let mut px = start_graceful();
     // 32 clients each sending a head one byte per 100 ms, never finishing it.
+    // `held`: they are connected and sending; `cut`: drainit closed one.
     let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicBool::new(false));
+    let cut = Arc::new(AtomicBool::new(false));
     let port = px.port;
     let loris = {
-        let stop = stop.clone();
+        let (stop, held, cut) = (stop.clone(), held.clone(), cut.clone());
         std::thread::spawn(move || {
             let mut conns: Vec<TcpStream> = (0..32)
                 .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
@@ -2331,21 +2386,31 @@ fn slowloris_clients_do_not_delay_a_normal_request() {
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) && Instant::now() < end {
                 for s in conns.iter_mut() {
-                    let _ = s.write_all(&head[i % head.len()..i % head.len() + 1]);
+                    if s.write_all(&head[i % head.len()..i % head.len() + 1])
+                        .is_err()
+                    {
+                        cut.store(true, Ordering::SeqCst);
+                    }
                 }
                 i += 1;
+                held.store(conns.len() == 32, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(100));
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
-    for _ in 0..5 {
+    assert!(
+        wait_until(secs(10), || held.load(Ordering::SeqCst)),
+        "the slow clients never connected"
+    );
+    // Each normal request is answered while every slow client is still held
+    // (none was timed out or closed to make room for it): an order, not a speed.
+    for i in 0..5 {
         let t = Instant::now();
         let resp = get(px.port, "/ok");
         assert_eq!(resp.status, 200, "{resp:?}");
         assert!(
-            t.elapsed() < Duration::from_secs(1),
-            "a normal request took {:?} beside slow clients",
+            !cut.load(Ordering::SeqCst),
+            "request {i} was answered ({:?}) only once a slow client had been cut",
             t.elapsed()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -2403,9 +2468,10 @@ fn a_websocket_is_echoed_through_the_proxy_and_counted_as_a_stream() {
         c.closed(),
         "the stream did not end after the close handshake"
     );
-    // The client closes its side too, as RFC 6455 §7.1.1 has it.
+    // The client closes its side too, as RFC 6455 §7.1.1 has it, and the
+    // stream is over.
     drop(c);
-    std::thread::sleep(Duration::from_millis(100));
+    px.wait_metric("drainit_proxy_streams_total{event=\"completed\"} 1");
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(num(&rep, "streams.opened"), 1, "{rep}");
@@ -2439,7 +2505,7 @@ fn ws_frame(op: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// §11.1: WebSockets open at beat 3 are closed by drainit with a close frame 1001
+/// WebSockets open at beat 3 are closed by drainit with a close frame 1001
 /// (going away), spread over `--stream-spread`, counted `closed_by_drain`, and
 /// the drain is clean.
 #[test]
@@ -2485,14 +2551,9 @@ fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
             })
         })
         .collect();
-    // Admission is closed from beat 3 (200 ms after drainit took the signal, which
-    // is no later than /readyz turning 503): a new upgrade gets the 503.
-    assert!(
-        wait_until(secs(2), || http(px.probe, "/readyz", "GET").0 == 503),
-        "{}",
-        px.ctx()
-    );
-    std::thread::sleep(Duration::from_millis(250));
+    // Admission is closed from beat 3 (200 ms after drainit took the signal): a
+    // new upgrade gets the 503.
+    px.wait_drainit_logged("admission closed");
     let mut late = px.conn();
     late.request(
         "GET",
@@ -2534,7 +2595,7 @@ fn open_websockets_are_closed_with_1001_over_the_stream_spread() {
     assert_eq!(counts(&rep), [3, 1, 2, 2, 0, 0, 0, 0, 0], "{rep}");
 }
 
-/// §11.1: a server-sent event stream open at beat 3 is ended by drainit at an
+/// A server-sent event stream open at beat 3 is ended by drainit at an
 /// event boundary (the client's body ends cleanly, with whole events only).
 #[test]
 fn an_event_stream_is_ended_between_events_at_beat_3() {
@@ -2758,10 +2819,18 @@ fn a_flood_of_idle_connections_under_a_low_fd_limit_leaves_the_probes_and_the_dr
     );
     // Past the cap and the listen backlog a connect waits: 100 ms each at most.
     let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let before = open_fds(r.pid);
     let flood: Vec<TcpStream> = (0..250)
         .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_millis(100)).ok())
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // drainit has taken up about as many as its cap allows ((256 - 32) / 4 = 56,
+    // less what it already holds).
+    assert!(
+        wait_until(secs(10), || open_fds(r.pid) >= before + 48),
+        "drainit took up {} connections of 250\n{}",
+        open_fds(r.pid).saturating_sub(before),
+        r.stderr_text()
+    );
     let (status, _, _) = http(probe, "/healthz", "GET");
     assert_eq!(
         status,
@@ -2836,20 +2905,23 @@ fn a_client_that_goes_away_while_the_drain_waits_for_its_request_lets_the_drain_
     c.request("GET", "/slow?ms=3000", &[], None).unwrap();
     px.wait_logged("recv GET /slow");
     px.r.signal(libc::SIGTERM);
-    assert!(
-        wait_until(secs(5), || px.r.stderr_text().contains("admission closed")),
-        "{}",
-        px.ctx()
-    );
-    std::thread::sleep(Duration::from_millis(200));
+    px.wait_drainit_logged("admission closed");
     drop(c);
     let (code, rep) = px.finish(secs(15));
     assert_eq!(code, 0, "{}", px.ctx());
+    // The app got its SIGTERM while its 3 s request was still running, and
+    // nothing was SIGKILLed at the deadline.
+    let term = px.logged_t("signal TERM");
+    let end = px
+        .logged_t("done GET /slow")
+        .or(px.logged_t("broken GET /slow"));
     assert!(
-        num(&rep, "drain.forwarded_at_ms") < 2000 && num(&rep, "drain.finished_at_ms") < 6000,
-        "the drain waited for a request nobody waits for: {rep}"
+        term.is_some() && end.is_some() && term < end,
+        "the drain waited for a request nobody waits for (signal at {term:?}, the request \
+         ended at {end:?}): {rep}{}",
+        px.ctx()
     );
-    assert!(!px.logged("signal TERM").is_empty(), "{}", px.ctx());
+    assert!(rep["drain"]["killed_at_ms"].is_null(), "{rep}");
     assert_eq!(num(&rep, "requests.canceled"), 1, "{rep}");
 }
 
@@ -2985,4 +3057,135 @@ fn aborted_downloads_leave_no_upstream_connection_behind() {
     assert_eq!(get(px.port, "/ok").status, 200, "{}", px.ctx());
     let (code, _) = px.stop(secs(20));
     assert!(code == 0 || code == 2, "{}", px.ctx());
+}
+
+/// drainit with `--proxy` in front of proxyapp.py under RLIMIT_NOFILE 544: a
+/// cap of (544 - 32) / 4 = 128 client connections. The running drainit and the
+/// proxy's address.
+fn proxy_capped_at_128() -> (Running, std::net::SocketAddr) {
+    let ports = ProxyPorts::new();
+    let fixture = fixture("proxyapp.py");
+    let r = ports.start_under_nofile(
+        "544",
+        &["--pre-drain-delay", "0s", "--drain-timeout", "5s"],
+        &[python(), &fixture, "--port", "{app}", "--mode", "graceful"],
+    );
+    (r, std::net::SocketAddr::from(([127, 0, 0, 1], ports.port)))
+}
+
+/// Idle connections fill the cap (RLIMIT_NOFILE 544: (544 - 32) / 4
+/// = 128 client connections), and a new client's request is answered at once:
+/// the oldest idle connection makes room for it. Ordering, not speed: the
+/// answer comes while drainit still holds about its cap of the idle flood
+/// (behind them in the kernel's backlog, the request would be answered only
+/// once the head timeout, 10 s, had closed them).
+#[test]
+fn at_the_connection_cap_the_oldest_idle_connection_makes_room_for_a_new_client() {
+    let (mut r, to) = proxy_capped_at_128();
+    let before = open_fds(r.pid);
+    let flood: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect_timeout(&to, secs(1)).ok())
+        .collect();
+    assert!(
+        wait_until(secs(5), || open_fds(r.pid) >= before + 120),
+        "drainit took up {} connections of {}\n{}",
+        open_fds(r.pid).saturating_sub(before),
+        flood.len(),
+        r.stderr_text()
+    );
+    let mut c = TcpStream::connect(to).unwrap();
+    c.set_read_timeout(Some(secs(30))).unwrap();
+    c.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = String::new();
+    let _ = c.read_to_string(&mut got);
+    assert!(
+        got.starts_with("HTTP/1.1 200"),
+        "{got}\n{}",
+        r.stderr_text()
+    );
+    // The flood is still held: drainit still serves about its cap of them
+    // (the oldest made room, one each), none closed by the head timeout.
+    let still_open = flood
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            matches!(
+                (&**s).read(&mut b),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            )
+        })
+        .count();
+    assert!(
+        still_open >= 118,
+        "{still_open} of the flood's connections still open at the answer"
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    drop(flood);
+    assert_eq!(code, 0, "{}", r.stderr_text());
+    ledger(&r.report());
+}
+
+/// The other side of the cap's rule: a connection whose request was already
+/// there when drainit accepted it is not idle, however new. 200 clients each
+/// send a whole request while drainit is stopped (cap 128: RLIMIT_NOFILE 544);
+/// drainit, resumed, accepts them in one burst and every client gets its 200:
+/// the ones past the cap wait in the kernel's backlog until a place is free,
+/// none is closed unanswered to make room for a later one.
+#[test]
+fn at_the_connection_cap_a_connection_whose_request_came_is_never_closed_for_room() {
+    let (mut r, to) = proxy_capped_at_128();
+    // Ready: one request answered.
+    assert!(
+        wait_until(secs(10), || {
+            let Ok(mut c) = TcpStream::connect(to) else {
+                return false;
+            };
+            let _ = c.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+            let mut got = String::new();
+            let _ = c.read_to_string(&mut got);
+            got.starts_with("HTTP/1.1 200")
+        }),
+        "never answered\n{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGSTOP);
+    let mut clients: Vec<TcpStream> = (0..200)
+        .filter_map(|_| {
+            let mut c = TcpStream::connect_timeout(&to, secs(1)).ok()?;
+            c.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+                .ok()?;
+            Some(c)
+        })
+        .collect();
+    assert_eq!(clients.len(), 200, "connects while drainit was stopped");
+    r.signal(libc::SIGCONT);
+    let answers: Vec<String> = clients
+        .iter_mut()
+        .map(|c| {
+            c.set_read_timeout(Some(secs(30))).unwrap();
+            let mut got = String::new();
+            match c.read_to_string(&mut got) {
+                Ok(_) => got.lines().next().unwrap_or("EOF, no answer").to_string(),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect();
+    let unanswered: Vec<&String> = answers
+        .iter()
+        .filter(|a| !a.starts_with("HTTP/1.1 200"))
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{} of 200 clients got no 200: {:?}\n{}",
+        unanswered.len(),
+        &unanswered[..unanswered.len().min(5)],
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (code, _) = r.wait(secs(10));
+    assert_eq!(code, 0, "{}", r.stderr_text());
+    ledger(&r.report());
 }

@@ -1,4 +1,4 @@
-//! The admission proxy against edge cases (DESIGN §11), black box: the real binary
+//! The admission proxy against edge cases (docs/proxy.md), black box: the real binary
 //! in front of tests/fixtures/rawapp.py, an app written at the socket level that
 //! answers what a well-behaved HTTP server never would, and clients that write raw
 //! bytes. What a client got, what the app received, what the exit report says
@@ -17,10 +17,16 @@ use common::*;
 struct Edge {
     r: Running,
     port: u16,
+    probe: u16,
 }
 
 impl Edge {
     fn start() -> Edge {
+        Edge::start_in(Mode::Subreaper, "0s")
+    }
+
+    /// As [`Edge::start`], in `mode`, with `--pre-drain-delay pre_drain`.
+    fn start_in(mode: Mode, pre_drain: &str) -> Edge {
         for _ in 0..3 {
             let [port, app, probe] = free_ports();
             let proxy = format!("127.0.0.1:{port}=127.0.0.1:{app}");
@@ -36,7 +42,7 @@ impl Edge {
                 "--ready-tcp",
                 &ready,
                 "--pre-drain-delay",
-                "0s",
+                pre_drain,
                 "--drain-timeout",
                 "5s",
                 "--",
@@ -47,9 +53,9 @@ impl Edge {
                 "--log",
                 "$TMP/app.log",
             ];
-            let r = Running::start(Mode::Subreaper, &args);
+            let r = Running::start(mode, &args);
             if wait_until(secs(10), || http(probe, "/readyz", "GET").0 == 200) {
-                return Edge { r, port };
+                return Edge { r, port, probe };
             }
             // A port taken by someone else between free_ports and the bind.
             eprintln!("not ready, retrying:\n{}", r.stderr_text());
@@ -202,6 +208,53 @@ fn authority_and_asterisk_form_targets_of_other_methods_get_400() {
     let (code, q) = e.drain();
     assert_eq!(code, 0, "{q}");
     assert_eq!(num(&q, "malformed"), 3, "{q}");
+    assert_eq!(num(&q, "completed"), 1, "{q}");
+}
+
+/// The bad-input table: an invalid `Host` (a list, or one with a
+/// path, query and userinfo: RFC 9112 §3.2, RFC 9110 §7.2), an absolute-form
+/// target with userinfo (RFC 9110 §4.2.4) or another scheme gets 400 and never
+/// reaches the app; a chunked body found malformed after its head went to the
+/// app gets 400 and counts `malformed` (not `canceled`); `Content-Length:
+/// 0005` reaches the app as `5`.
+#[test]
+fn invalid_hosts_userinfo_other_schemes_and_bad_chunks_get_400_and_count_malformed() {
+    let e = Edge::start();
+    let table: [(&[u8], &str); 5] = [
+        (b"GET /h1 HTTP/1.1\r\nHost: a, b\r\n\r\n", "400"),
+        (b"GET /h2 HTTP/1.1\r\nHost: a/b?c@d\r\n\r\n", "400"),
+        (
+            b"GET http://user:pw@evil/u HTTP/1.1\r\nHost: a\r\n\r\n",
+            "400",
+        ),
+        (b"GET ftp://evil/f HTTP/1.1\r\nHost: a\r\n\r\n", "400"),
+        (
+            b"POST /chunks HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\nZZ\r\n\r\n",
+            "400",
+        ),
+    ];
+    for (req, want) in table {
+        let got = e.exchange(req);
+        let what = String::from_utf8_lossy(req);
+        assert!(
+            got.starts_with(&format!("HTTP/1.1 {want}")),
+            "{what:?}: {got:?}"
+        );
+    }
+    let got = e.exchange(
+        b"POST /length HTTP/1.1\r\nHost: a\r\nContent-Length: 0005\r\nConnection: close\r\n\r\nhello",
+    );
+    assert!(got.ends_with("length 5"), "{got:?}");
+    let log = e.app_log();
+    assert!(
+        !log.contains("/h1") && !log.contains("/h2") && !log.contains("/u") && !log.contains("/f"),
+        "the app got a bad request:\n{log}"
+    );
+    let (code, q) = e.drain();
+    assert_eq!(code, 0, "{q}");
+    assert_eq!(num(&q, "malformed"), 5, "{q}");
+    assert_eq!(num(&q, "canceled"), 0, "{q}");
     assert_eq!(num(&q, "completed"), 1, "{q}");
 }
 
@@ -362,4 +415,137 @@ fn pipelined_responses_of_every_ending_settle_and_the_drain_does_not_wait() {
         t.elapsed()
     );
     drop(s);
+}
+
+/// A client connected with its receive buffer set to `rcvbuf` bytes before the
+/// connect (so that the window it offers is that small from the start).
+fn connect_small(port: u16, rcvbuf: usize) -> TcpStream {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socket, sockopt};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    setsockopt(&fd, sockopt::RcvBuf, &rcvbuf).unwrap();
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: connect(2) on our own socket with a sockaddr_in of its size.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    TcpStream::from(fd)
+}
+
+/// RFC 9112 §9.6: during a drain (responses carry `Connection:
+/// close`) a client with an 8 KiB receive buffer pipelines a second request
+/// 30 ms after the first, while the first's 100,000-byte response is still
+/// streaming, with and without a body. drainit closes after the first
+/// response with the second unread: closed at once, the kernel would answer
+/// the unread bytes with a reset and discard what it had not sent yet. The
+/// client gets all 100,000 bytes, and the report counts the response
+/// `completed` (as PID 1 too).
+#[test]
+fn a_client_that_pipelines_during_a_drain_gets_the_whole_response_before_the_close() {
+    const SECOND: [&[u8]; 2] = [
+        b"GET /second HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"POST /second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    ];
+    for mode in BOTH {
+        for second in SECOND {
+            let mut e = Edge::start_in(mode, "3s");
+            e.r.signal(15);
+            assert!(
+                wait_until(secs(5), || http(e.probe, "/readyz", "GET").0 == 503),
+                "the drain never began\n{}",
+                e.r.stderr_text()
+            );
+            let mut s = connect_small(e.port, 8192);
+            s.write_all(b"GET /bytes?n=100000 HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+            s.write_all(second).unwrap();
+            s.set_read_timeout(Some(secs(10))).unwrap();
+            let mut got = Vec::new();
+            let mut b = [0u8; 4096];
+            let end = loop {
+                match s.read(&mut b) {
+                    Ok(0) => break "EOF".to_string(),
+                    Ok(n) => got.extend_from_slice(&b[..n]),
+                    Err(e) => break e.to_string(),
+                }
+            };
+            let text = String::from_utf8_lossy(&got);
+            let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+            assert!(
+                head.to_ascii_lowercase().contains("connection: close"),
+                "{mode:?}: {head}"
+            );
+            assert_eq!(
+                body.len(),
+                100_000,
+                "{mode:?}, {}: the client got {} body bytes, then {end}",
+                String::from_utf8_lossy(second).lines().next().unwrap(),
+                body.len()
+            );
+            assert_eq!(end, "EOF", "{mode:?}");
+            let (code, req) = e.drain();
+            assert_eq!(code, 0, "{mode:?}: {req}");
+            assert_eq!(req["completed"], 1, "{mode:?}: {req}");
+        }
+    }
+}
+
+/// The ledger's side of a lingering close: a client with an 8 KiB receive buffer asks
+/// for 100,000 bytes during a drain, reads none, and resets its connection.
+/// Its kernel never acknowledged most of the response, which drainit's kernel
+/// then discarded: the report must not count it `completed` (as PID 1 too).
+#[test]
+fn a_response_the_client_reset_before_acknowledging_is_never_completed() {
+    for mode in BOTH {
+        let mut e = Edge::start_in(mode, "3s");
+        e.r.signal(15);
+        assert!(
+            wait_until(secs(5), || http(e.probe, "/readyz", "GET").0 == 503),
+            "the drain never began\n{}",
+            e.r.stderr_text()
+        );
+        let mut s = connect_small(e.port, 8192);
+        s.write_all(b"GET /bytes?n=100000 HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        // Long enough for the app's response to be in drainit's kernel.
+        std::thread::sleep(Duration::from_millis(500));
+        // SO_LINGER 0: close(2) resets the connection.
+        nix::sys::socket::setsockopt(
+            &s,
+            nix::sys::socket::sockopt::Linger,
+            &libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            },
+        )
+        .unwrap();
+        drop(s);
+        let (code, req) = e.drain();
+        assert_eq!(req["completed"], 0, "{mode:?}: {req}");
+        assert_eq!(
+            req["canceled"].as_i64().unwrap_or(0) + req["abandoned"].as_i64().unwrap_or(0),
+            1,
+            "{mode:?}: {req}"
+        );
+        let _ = code;
+    }
 }

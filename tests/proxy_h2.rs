@@ -1,5 +1,5 @@
 //! The admission proxy speaking HTTP/2 cleartext with prior knowledge (as gRPC
-//! does; DESIGN §11, §11.1), black box: the real binary in front of
+//! does; docs/proxy.md, "HTTP/2"), black box: the real binary in front of
 //! tests/fixtures/h2app.py (an h2c app on Python's `h2`), reached by real HTTP/2
 //! clients: Debian's `nghttp`, and tests/fixtures/h2raw.py, which writes its frames
 //! by hand so that it can open a stream after the server's GOAWAY.
@@ -24,12 +24,19 @@ struct Px {
 }
 
 fn start_px() -> Px {
+    start_px_with(&[])
+}
+
+/// As [`start_px`], with `app_args` added to h2app.py's.
+fn start_px_with(app_args: &[&str]) -> Px {
     let ports = ProxyPorts::new();
     let (port, probe) = (ports.port, ports.probe);
     let h2app = fixture("h2app.py");
+    let mut app = vec![python(), &h2app, "--port", "{app}", "--log", "$TMP/app.log"];
+    app.extend_from_slice(app_args);
     let argv = ports.argv(
         &["--pre-drain-delay", "300ms", "--drain-timeout", "5s"],
-        &[python(), &h2app, "--port", "{app}", "--log", "$TMP/app.log"],
+        &app,
     );
     let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let r = Running::start(Mode::Subreaper, &args);
@@ -482,4 +489,44 @@ fn concurrent_requests_to_an_app_that_does_not_accept_wait_the_connect_bound_onc
     let rep = r.report();
     ledger(&rep);
     assert_eq!(counts(&rep)[..3], [3, 3, 0], "{rep}");
+}
+
+/// An app that allows 20 concurrent streams per connection; one
+/// client opens 30 slow streams (8 s each) on its connection, and another
+/// client's request on its own connection is answered while they are all
+/// still open (ordering: the app logs its answer before any slow stream
+/// ended). All HTTP/2 requests sharing one connection to the app, it waited
+/// behind the slow streams in h2's queue.
+#[test]
+fn one_clients_slow_streams_at_the_apps_limit_never_stall_another_client() {
+    let mut px = start_px_with(&["--max-streams", "20"]);
+    let slow = format!("http://127.0.0.1:{}/hold?ms=8000", px.port);
+    let mut a = Command::new("timeout")
+        .args(["30", "nghttp", "-m", "30", &slow])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running nghttp");
+    assert!(
+        wait_until(secs(10), || px.log().matches("recv GET /hold").count()
+            >= 20),
+        "the slow streams never reached the app{}",
+        px.ctx()
+    );
+    let o = nghttp(px.port, &["/ok"]);
+    let out = out_of(&o);
+    assert!(o.status.success(), "nghttp failed:\n{out}{}", px.ctx());
+    assert_eq!(statuses(&recv_fields(&out)), ["200"], "{out}");
+    let log = px.log();
+    assert!(
+        !log.contains("done GET /hold"),
+        "the other client was answered only after a slow stream ended:\n{log}"
+    );
+    let _ = a.wait();
+    let log = px.log();
+    assert_eq!(log.matches("done GET /hold").count(), 30, "{log}");
+    px.r.signal(libc::SIGTERM);
+    let (code, rep) = px.finish(secs(20));
+    assert_eq!(code, 0, "{rep}");
 }

@@ -1,4 +1,4 @@
-//! Streams through the admission proxy (issue 11, DESIGN §11.1): at beat 3 open
+//! Streams through the admission proxy (docs/proxy.md, "Streams"): at beat 3 open
 //! WebSockets are closed with 1001 (going away), spread over `--stream-spread`
 //! rather than in one burst, so their clients reconnect to another replica a
 //! few at a time; an SSE stream is ended between events; the drain signal waits
@@ -221,9 +221,17 @@ fn an_event_stream_is_ended_between_events_with_a_proper_end() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
-    r.signal(libc::SIGTERM);
+    // The stream is open and event 1 has come through whole (event 2 began;
+    // each event is three chunks).
     let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: event 2") {
+        match s.read(&mut b) {
+            Ok(n) if n > 0 => got.extend_from_slice(&b[..n]),
+            other => panic!("the event stream ended before its second event: {other:?}"),
+        }
+    }
+    r.signal(libc::SIGTERM);
     let _ = s.read_to_end(&mut got);
     let (code, _) = r.wait(Duration::from_secs(10));
     let rep = r.report();
@@ -272,6 +280,7 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     );
     // All handshakes sent first; past the cap they wait unanswered.
     let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let base = open_fds(r.pid);
     let mut socks: Vec<TcpStream> = (0..120)
         .filter_map(|_| {
             let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(100)).ok()?;
@@ -283,7 +292,17 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
             Some(s)
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // drainit has taken up what it will of them: its descriptor count grew and
+    // stopped growing.
+    let mut last = 0;
+    wait_for(Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_millis(100));
+        let n = open_fds(r.pid);
+        let stable = n == last && n > base;
+        last = n;
+        stable.then_some(())
+    })
+    .expect("drainit never took up the WebSockets");
     // What each client got: a 101, or nothing yet (waiting in the backlog).
     let mut open = 0;
     let mut other = Vec::new();
@@ -300,7 +319,7 @@ fn websockets_past_the_connection_cap_under_a_low_fd_limit_leave_the_probes_thei
     let (status, _, _) = http(probe, "/healthz", "GET");
     let err = r.stderr_text();
     let fds = open_fds(r.pid);
-    // (256 - 32) / 4: the proxy's cap on client connections (README).
+    // (256 - 32) / 4: the proxy's cap on client connections (docs/proxy.md, "HTTP").
     assert!(
         open <= 56 && other.is_empty(),
         "{open} WebSockets open past the cap of 56, drainit holds {fds} of 256 fds; \

@@ -230,6 +230,12 @@ impl Running {
     }
 
     pub fn start_with(s: Start<'_>) -> Running {
+        Running::start_program(s, &[bin()])
+    }
+
+    /// As [`Running::start_with`], with drainit run as `program` (its first word the
+    /// executable, e.g. an emulator followed by the binary it runs: tests/arm64.rs).
+    pub fn start_program(s: Start<'_>, program: &[&str]) -> Running {
         let tmp = TmpDir::new("run");
         let mut cmd = match s.mode {
             Mode::Subreaper => Command::new(python()),
@@ -243,7 +249,7 @@ impl Running {
         cmd.arg(fixture("launch.py"))
             .args(&launch_opts)
             .arg("--")
-            .arg(bin());
+            .args(program);
         let mut r = Running::spawn(s.mode, tmp, cmd, s.args, s.env, &[]);
         // Wait until launch.py has exec'd drainit (or drainit is already gone: as
         // PID 1 its exit ends the namespace and its /proc entry at once).
@@ -542,8 +548,8 @@ pub fn num(v: &Value, path: &str) -> i64 {
         .unwrap_or_else(|| panic!("report field {path} is not a number: {v}"))
 }
 
-/// With `--proxy`: the report's `requests` counts, in the order of the contract
-/// (DESIGN §11): received, rejected, admitted, completed, unknown, abandoned,
+/// With `--proxy`: the report's `requests` counts, in the order of the ledger
+/// (docs/proxy.md): received, rejected, admitted, completed, unknown, abandoned,
 /// canceled, in_flight, malformed.
 pub fn counts(rep: &Value) -> [i64; 9] {
     let q = &rep["requests"];
@@ -561,7 +567,7 @@ pub fn counts(rep: &Value) -> [i64; 9] {
     .map(|k| num(q, k))
 }
 
-/// Checks the ledger of DESIGN §11 in an exit report and returns its `requests`:
+/// Checks the ledger (docs/proxy.md, "Ledger") in an exit report and returns its `requests`:
 /// received = rejected + admitted; admitted = completed + unknown + abandoned +
 /// canceled + in_flight; nothing left in flight at exit; every lost request named
 /// (or counted truncated), with an outcome, a method and a path without query.
@@ -781,4 +787,51 @@ pub fn proxy_to(app_port: u16, flags: &[&str]) -> (Running, u16, u16) {
         r.stderr_text()
     );
     (r, port, probe)
+}
+
+/// Checks what every shipped build is (release.sh, build.rs, `hot-text.ld`): a plain
+/// static executable (ELF type EXEC, no program interpreter), with no symbol table,
+/// and its hot functions first: a `.text.drainit.hot` section of 256 KiB to 1 MiB
+/// placed before `.text`. Returns the ELF header as `readelf -hW` prints it (the
+/// caller checks the machine). Needs readelf (binutils), which reads any
+/// architecture's binary.
+pub fn assert_shipped_build(bin: &str) -> String {
+    let readelf = |flag: &str| {
+        let out = Command::new("readelf")
+            .args([flag, bin])
+            .output()
+            .expect("readelf (binutils)");
+        assert!(out.status.success(), "readelf {flag} {bin}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let header = readelf("-hW");
+    assert!(
+        header.contains("EXEC (Executable file)"),
+        "{bin} is not a plain static executable:\n{header}"
+    );
+    let segments = readelf("-lW");
+    assert!(
+        !segments.contains("INTERP"),
+        "{bin} asks for a program interpreter (dynamic):\n{segments}"
+    );
+    let sections = readelf("-SW");
+    assert!(!sections.contains(".symtab"), "{bin} has a symbol table");
+    // `[Nr] Name Type Address Off Size ...`: (address, size) of the section `name`.
+    let section = |name: &str| {
+        let line = sections
+            .lines()
+            .find(|l| l.split_whitespace().any(|w| w == name))
+            .unwrap_or_else(|| panic!("{bin} has no {name} section:\n{sections}"));
+        let fields: Vec<&str> = line.split(']').nth(1).unwrap().split_whitespace().collect();
+        let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+        (hex(fields[2]), hex(fields[4]))
+    };
+    let (hot_at, hot_size) = section(".text.drainit.hot");
+    let (text_at, _) = section(".text");
+    assert!(
+        (256 * 1024..1024 * 1024).contains(&hot_size),
+        "the hot code is {hot_size} bytes"
+    );
+    assert!(hot_at < text_at, "the hot code is not first:\n{sections}");
+    header
 }

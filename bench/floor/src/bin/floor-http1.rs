@@ -3,7 +3,7 @@
 //! `X-Forwarded-For` added, kept-alive app connections pooled, `Content-Length`
 //! bodies only, two counters standing for a ledger. Not drainit and not for use
 //! (no chunked bodies, upgrades, timeouts or errors worth the name): it bounds
-//! what replacing hyper could save (README "Proxy latency").
+//! what replacing hyper could save (bench/README.md, "proxy.sh").
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;

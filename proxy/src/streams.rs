@@ -1,4 +1,4 @@
-//! Streams through the proxy (DESIGN §11.1): upgraded connections (WebSocket)
+//! Streams through the proxy (docs/proxy.md, "Streams"): upgraded connections (WebSocket)
 //! and streaming responses (server-sent events) never "finish", so at beat 3
 //! drainit closes them itself, spread evenly over `--stream-spread`, so that
 //! their clients reconnect elsewhere a few at a time instead of all at once.
@@ -14,7 +14,7 @@
 //! them.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -37,14 +37,14 @@ struct Inner {
 }
 
 /// A registered stream: dropping it unregisters it.
-pub struct Registered<'a> {
-    set: &'a StreamSet,
+pub struct Registered {
+    set: Arc<StreamSet>,
     id: u64,
     /// Yields when drainit asks the stream to close.
     pub close: oneshot::Receiver<()>,
 }
 
-impl Drop for Registered<'_> {
+impl Drop for Registered {
     fn drop(&mut self) {
         self.set.lock().open.remove(&self.id);
     }
@@ -57,7 +57,7 @@ impl StreamSet {
 
     /// Registers a new stream. After [`StreamSet::close_all`] began, its close
     /// request is already sent.
-    pub fn register(&self) -> Registered<'_> {
+    pub fn register(self: &Arc<Self>) -> Registered {
         let (tx, rx) = oneshot::channel();
         let mut g = self.lock();
         let id = g.next;
@@ -68,8 +68,9 @@ impl StreamSet {
         } else {
             g.open.insert(id, Some(tx));
         }
+        drop(g);
         Registered {
-            set: self,
+            set: self.clone(),
             id,
             close: rx,
         }
@@ -239,6 +240,17 @@ pub const CLOSE_LIMIT: Duration = BOUNDARY_WAIT
     .saturating_add(CLOSE_GRACE)
     .saturating_add(Duration::from_millis(500));
 
+/// Which halves of a tunnel are done: a side `*_closed` gets nothing more
+/// (its close frame sent, or the other side ended), a side `*_ended` sent its
+/// end (EOF).
+#[derive(Default)]
+struct Sides {
+    client_closed: bool,
+    app_closed: bool,
+    client_ended: bool,
+    app_ended: bool,
+}
+
 async fn copy<C, A>(client: C, app: A, websocket: bool, close: &mut oneshot::Receiver<()>) -> Ended
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -251,38 +263,17 @@ where
     let mut cbuf = vec![0u8; 16 * 1024];
     let mut abuf = vec![0u8; 16 * 1024];
     let mut closing: Option<tokio::time::Instant> = None;
-    let (mut client_closed, mut app_closed) = (false, false);
     // A side that ended its half (EOF): the other side's writer was shut
     // after it, and what that side still sends flows on until it ends too.
-    let (mut client_ended, mut app_ended) = (false, false);
+    let mut s = Sides::default();
     loop {
         if let Some(since) = closing {
             let due = since.elapsed() >= BOUNDARY_WAIT;
             if !websocket || due {
                 break;
             }
-            if !client_closed && to_client.at_boundary() {
-                let _ = cw.write_all(&CLOSE_TO_CLIENT).await;
-                let _ = cw.flush().await;
-                client_closed = true;
-            }
-            if !app_closed && to_app.at_boundary() {
-                let _ = aw.write_all(&CLOSE_TO_APP).await;
-                let _ = aw.flush().await;
-                app_closed = true;
-            }
-            if client_closed && app_closed {
-                // The peers' close frames (or their end) within the grace.
-                let wait = async {
-                    let (mut b1, mut b2) = ([0u8; 512], [0u8; 512]);
-                    loop {
-                        tokio::select! {
-                            r = cr.read(&mut b1), if !client_ended => if matches!(r, Ok(0) | Err(_)) { break },
-                            r = ar.read(&mut b2), if !app_ended => if matches!(r, Ok(0) | Err(_)) { break },
-                        }
-                    }
-                };
-                let _ = tokio::time::timeout(CLOSE_GRACE, wait).await;
+            let ends = (&mut cr, &mut cw, &mut ar, &mut aw);
+            if send_close_frames(ends, &to_client, &to_app, &mut s).await {
                 break;
             }
         }
@@ -291,13 +282,13 @@ where
             _ = &mut *close, if closing.is_none() => {
                 closing = Some(tokio::time::Instant::now());
             }
-            r = cr.read(&mut cbuf), if !app_closed => match r {
+            r = cr.read(&mut cbuf), if !s.app_closed => match r {
                 Ok(0) => {
                     let _ = aw.shutdown().await;
-                    client_ended = true;
+                    s.client_ended = true;
                     // Nothing more goes to the app: no close frame either.
-                    app_closed = true;
-                    if app_ended {
+                    s.app_closed = true;
+                    if s.app_ended {
                         return ended_by(closing);
                     }
                 }
@@ -312,13 +303,13 @@ where
                     }
                 }
             },
-            r = ar.read(&mut abuf), if !client_closed => match r {
+            r = ar.read(&mut abuf), if !s.client_closed => match r {
                 Ok(0) => {
                     let _ = cw.shutdown().await;
-                    app_ended = true;
+                    s.app_ended = true;
                     // Nothing more goes to the client: no close frame either.
-                    client_closed = true;
-                    if client_ended {
+                    s.client_closed = true;
+                    if s.client_ended {
                         return ended_by(closing);
                     }
                 }
@@ -344,6 +335,50 @@ where
     let _ = cw.shutdown().await;
     let _ = aw.shutdown().await;
     Ended::ByDrain
+}
+
+/// A WebSocket tunnel asked to close: sends each side still open its close
+/// frame once the bytes to it stand at a frame boundary; once both are sent,
+/// waits up to [`CLOSE_GRACE`] for the peers' close frames (or their end).
+/// Returns whether the tunnel is done (both close frames sent).
+async fn send_close_frames<CR, CW, AR, AW>(
+    (cr, cw, ar, aw): (&mut CR, &mut CW, &mut AR, &mut AW),
+    to_client: &FrameCursor,
+    to_app: &FrameCursor,
+    s: &mut Sides,
+) -> bool
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    AR: AsyncRead + Unpin,
+    AW: AsyncWrite + Unpin,
+{
+    if !s.client_closed && to_client.at_boundary() {
+        let _ = cw.write_all(&CLOSE_TO_CLIENT).await;
+        let _ = cw.flush().await;
+        s.client_closed = true;
+    }
+    if !s.app_closed && to_app.at_boundary() {
+        let _ = aw.write_all(&CLOSE_TO_APP).await;
+        let _ = aw.flush().await;
+        s.app_closed = true;
+    }
+    if !(s.client_closed && s.app_closed) {
+        return false;
+    }
+    // The peers' close frames (or their end) within the grace.
+    let (client_ended, app_ended) = (s.client_ended, s.app_ended);
+    let wait = async {
+        let (mut b1, mut b2) = ([0u8; 512], [0u8; 512]);
+        loop {
+            tokio::select! {
+                r = cr.read(&mut b1), if !client_ended => if matches!(r, Ok(0) | Err(_)) { break },
+                r = ar.read(&mut b2), if !app_ended => if matches!(r, Ok(0) | Err(_)) { break },
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_GRACE, wait).await;
+    true
 }
 
 /// How a tunnel that ends now ended: by the drain once it asked the tunnel to
@@ -469,7 +504,7 @@ mod tests {
     async fn a_stream_asked_to_close_is_open_until_it_ends() {
         // The drain waits for no stream open: one still sending its close frame
         // (or blocked on a client that does not read) must count.
-        let set = StreamSet::default();
+        let set = Arc::new(StreamSet::default());
         let mut a = set.register();
         let b = set.register();
         set.close_all(Duration::ZERO).await;
@@ -483,7 +518,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn streams_are_closed_evenly_over_the_spread() {
-        let set = StreamSet::default();
+        let set = Arc::new(StreamSet::default());
         let regs: Vec<_> = (0..4).map(|_| set.register()).collect();
         let start = tokio::time::Instant::now();
         let closer = set.close_all(Duration::from_secs(8));

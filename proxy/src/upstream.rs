@@ -1,6 +1,7 @@
 //! Connections to the app: HTTP/1.1 ones kept alive between requests, the pool
-//! the proxy's HTTP/1 requests go through ([`Pool`]), and the one HTTP/2
-//! connection its HTTP/2 requests share ([`Multiplexed`]).
+//! the proxy's HTTP/1 requests go through ([`Pool`]), and the HTTP/2
+//! connections its HTTP/2 requests share, one more whenever those open are
+//! at the app's stream limit ([`Multiplexed`]).
 //!
 //! Built on hyper's own connection API (`hyper::client::conn::http1` and
 //! `http2`) rather than hyper-util's general-purpose client. For HTTP/2 that
@@ -12,10 +13,10 @@
 //! about a quarter of its cost. Measured with callgrind over 4,000 proxied
 //! requests: sending a request and getting its response head took 27.7 k
 //! instructions through hyper-util's client and 7.3 k through this pool, and a
-//! whole proxied request 127 k before and about 100 k after (README, "Proxy
-//! latency").
+//! whole proxied request 127 k before and about 100 k after (bench/README.md,
+//! "proxy.sh").
 //!
-//! The rules, as DESIGN §11 gives them:
+//! The rules (docs/proxy.md, "Upstream"):
 //! - an idle connection is kept at most [`super::UPSTREAM_IDLE`], shorter than
 //!   the keep-alive timeouts apps commonly use, so drainit gives it up before
 //!   the app closes it;
@@ -47,7 +48,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{Notify, watch};
 
-use super::ProxyBody;
+use super::body::{BodyCopy, Inner, ProxyBody};
 
 /// How long a connection attempt to the app may take before the request is
 /// answered 503 (`rejected`, safe to retry): 5 s, Envoy's default
@@ -226,12 +227,15 @@ pub struct Conn {
     answered_at: Instant,
 }
 
-/// A connection lent to one request. Dropped with the response body (after
-/// its last byte, or early when the client went away): the connection goes
-/// back to the pool once hyper says it can take another request, or closes.
+/// A connection lent to one request (HTTP/1), or a stream counted open on an
+/// HTTP/2 connection ([`Multiplexed`]). Dropped with the response body
+/// (after its last byte, or early when the client went away): an HTTP/1
+/// connection goes back to the pool once hyper says it can take another
+/// request, or closes; an HTTP/2 stream stops counting.
 pub struct Lease {
-    conn: Option<Conn>,
-    pool: &'static Pool,
+    conn: Option<(Conn, Arc<Pool>)>,
+    /// An HTTP/2 stream: counted open until dropped.
+    _stream: Option<Stream>,
 }
 
 impl Lease {
@@ -239,28 +243,67 @@ impl Lease {
     pub fn upgraded(mut self) {
         self.conn = None;
     }
+
+    /// The lease of an HTTP/2 stream.
+    pub fn stream(stream: Stream) -> Lease {
+        Lease {
+            conn: None,
+            _stream: Some(stream),
+        }
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
+        let Some((mut conn, pool)) = self.conn.take() else {
             return;
         };
         if conn.send.is_ready() {
-            self.pool.put(conn);
+            pool.put(conn);
         } else if !conn.send.is_closed()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             // The connection task has not finished with the response yet
             // (its last bytes, or a body the client left unread, which makes
             // hyper close the connection): back once it is ready, if ever.
-            let pool = self.pool;
             rt.spawn(async move {
                 if conn.send.ready().await.is_ok() {
                     pool.put(conn);
                 }
             });
         }
+    }
+}
+
+/// The two ways to the app: HTTP/1.1 for HTTP/1 requests ([`Pool`]),
+/// HTTP/2 (prior knowledge) for HTTP/2 ones ([`Multiplexed`]), so that
+/// gRPC's trailers and streams go through.
+pub struct Clients {
+    /// HTTP/1 requests' pooled connections.
+    pub h1: Arc<Pool>,
+    /// HTTP/2 requests' shared connections.
+    pub h2: Multiplexed,
+}
+
+impl Clients {
+    /// The ways to the app at `app`, idle connections kept at most `idle_for`.
+    pub fn new(app: SocketAddr, idle_for: Duration) -> Clients {
+        Clients {
+            h1: Arc::new(Pool::new(app, idle_for)),
+            h2: Multiplexed::new(app, idle_for),
+        }
+    }
+
+    /// Requests waiting for a connection to the app now.
+    pub(super) fn connecting(&self) -> u64 {
+        self.h1.connects.waiting() + self.h2.connects.waiting()
+    }
+
+    /// Ends every connect to the app under way (and any begun later): its
+    /// request never reached the app and gets drainit's 503 (`rejected`).
+    pub(super) fn halt(&self) {
+        self.h1.connects.halt();
+        self.h2.connects.halt();
     }
 }
 
@@ -292,7 +335,7 @@ impl Pool {
     ///   too). The app may also have died reading it: if the second attempt
     ///   cannot connect, the request counts as having reached the app;
     /// - the app reset the connection without sending a byte back, whatever
-    ///   the method, with a body of at most [`RESEND_BODY_MAX`] that went out
+    ///   the method, with a body of at most [`super::body::RESEND_BODY_MAX`] that went out
     ///   whole ([`BodyCopy`]): a reset says the app's kernel held bytes of the
     ///   request that the app never read ([`reset_unread`]), as when gunicorn's
     ///   gthread worker exits at `--max-requests` with requests queued on its
@@ -306,7 +349,7 @@ impl Pool {
     /// (connection refused, [`CONNECT_TIMEOUT`]) and no earlier attempt may
     /// have reached it.
     pub async fn send(
-        &'static self,
+        self: &Arc<Self>,
         req: Request<ProxyBody>,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
         if let Some(mut conn) = self.checkout() {
@@ -336,7 +379,7 @@ impl Pool {
     /// [`Pool::resent`] once connected). `maybe_delivered`: the first attempt
     /// may have reached the app, so a refused connect is not "never reached".
     async fn send_again(
-        &'static self,
+        self: &Arc<Self>,
         req: Request<ProxyBody>,
         maybe_delivered: bool,
     ) -> Result<(Response<Incoming>, Lease), SendError> {
@@ -386,15 +429,18 @@ impl Pool {
     /// Closes idle connections older than the idle timeout, every half of it
     /// while any is idle (asleep while the pool is empty). Runs for the life
     /// of the proxy's runtime.
-    pub async fn sweep(&self) {
-        loop {
-            if self.lock().is_empty() {
-                self.filled.notified().await;
+    pub fn sweep(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let pool = self.clone();
+        async move {
+            loop {
+                if pool.lock().is_empty() {
+                    pool.filled.notified().await;
+                }
+                tokio::time::sleep(pool.idle_for / 2).await;
+                let idle_for = pool.idle_for;
+                pool.lock()
+                    .retain(|c| c.answered_at.elapsed() < idle_for && !c.send.is_closed());
             }
-            tokio::time::sleep(self.idle_for / 2).await;
-            let idle_for = self.idle_for;
-            self.lock()
-                .retain(|c| c.answered_at.elapsed() < idle_for && !c.send.is_closed());
         }
     }
 
@@ -451,11 +497,11 @@ impl Pool {
         }
     }
 
-    fn lease(&'static self, mut conn: Conn) -> Lease {
+    fn lease(self: &Arc<Self>, mut conn: Conn) -> Lease {
         conn.answered_at = Instant::now();
         Lease {
-            conn: Some(conn),
-            pool: self,
+            conn: Some((conn, self.clone())),
+            _stream: None,
         }
     }
 
@@ -488,7 +534,7 @@ impl AsyncRead for Counted {
     }
 }
 
-super::write_through_tcp!(Counted);
+super::socket::write_through_tcp!(Counted);
 
 /// RFC 9110 §9.2.2: a request with one of these methods may be sent again
 /// after a failure.
@@ -509,7 +555,7 @@ enum Failed {
 }
 
 /// Sends `req` on `conn` (`reused`: it carried a request before), keeping a
-/// copy of its head and of its body as it goes out (up to [`RESEND_BODY_MAX`]),
+/// copy of its head and of its body as it goes out (up to [`super::body::RESEND_BODY_MAX`]),
 /// so that it can go once more when [`Pool::send`]'s rules allow.
 ///
 /// # Errors
@@ -576,77 +622,8 @@ fn with_body(head: Request<ProxyBody>, body: Bytes) -> Request<ProxyBody> {
     let (parts, _) = head.into_parts();
     Request::from_parts(
         parts,
-        ProxyBody::plain(super::Inner::Local(http_body_util::Full::new(body))),
+        ProxyBody::plain(Inner::Local(http_body_util::Full::new(body))),
     )
-}
-
-/// The largest request body kept while its response head is awaited on a
-/// reused connection ([`BodyCopy`]); a longer one is never sent twice. The
-/// same bound as the body drainit reads before its own 503.
-pub const RESEND_BODY_MAX: usize = 64 * 1024;
-
-/// What of a request body went out on a reused connection (its frames, shared,
-/// not copied), up to [`RESEND_BODY_MAX`], so that the request can go once
-/// more if the app resets the connection with it unread ([`Pool::send`]).
-/// Given up once the response head came.
-#[derive(Default)]
-pub struct BodyCopy(Mutex<CopyState>);
-
-#[derive(Default)]
-struct CopyState {
-    frames: Vec<Bytes>,
-    len: usize,
-    /// The body's end was seen: `frames` hold all of it.
-    whole: bool,
-    /// Too long, trailers, a read error, or no longer needed: never resent.
-    spoiled: bool,
-}
-
-impl BodyCopy {
-    /// Keeps `data`, the body's next bytes, unless the body is now longer than
-    /// [`RESEND_BODY_MAX`].
-    pub fn push(&self, data: &Bytes) {
-        let mut s = self.lock();
-        if s.spoiled {
-            return;
-        }
-        s.len += data.len();
-        if s.len > RESEND_BODY_MAX {
-            s.spoiled = true;
-            s.frames = Vec::new();
-        } else {
-            s.frames.push(data.clone());
-        }
-    }
-
-    /// The body ended: what was kept is all of it.
-    pub fn end(&self) {
-        self.lock().whole = true;
-    }
-
-    /// Keeps nothing more, and the request is not sent twice.
-    pub fn spoil(&self) {
-        let mut s = self.lock();
-        s.spoiled = true;
-        s.frames = Vec::new();
-    }
-
-    /// The whole body, if its end was seen and it was kept.
-    fn whole(&self) -> Option<Bytes> {
-        let s = self.lock();
-        if !s.whole || s.spoiled {
-            return None;
-        }
-        let mut all = bytes::BytesMut::with_capacity(s.len);
-        for f in &s.frames {
-            all.extend_from_slice(f);
-        }
-        Some(all.freeze())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, CopyState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// The connection ended (EOF, reset, broken pipe) before a whole response
@@ -682,71 +659,110 @@ fn reset_unread(e: &hyper::Error) -> bool {
 /// The sending half of an HTTP/2 connection to the app.
 type H2Sender = hyper::client::conn::http2::SendRequest<ProxyBody>;
 
-/// The HTTP/2 connection (prior knowledge, h2c) that the proxy's HTTP/2
-/// requests share, opened with the first of them and again once the app
+/// The HTTP/2 connections (prior knowledge, h2c) that the proxy's HTTP/2
+/// requests share: a request goes on the first one with room for another
+/// stream (fewer open than the app's `SETTINGS_MAX_CONCURRENT_STREAMS`, read
+/// from the app's first SETTINGS frame: [`Settings`]), else on a new one. So
+/// a client whose slow streams fill one connection to the limit never makes
+/// another client's request wait behind them in h2's queue (Envoy's and
+/// Linkerd's rule); a client's own share is capped by drainit's server side
+/// ([`super::CLIENT_STREAMS_MAX`]). A connection is given up once the app
 /// closed it (GOAWAY, or the connection ended) or it went unused for the idle
 /// timeout (as [`Pool`]'s connections: given up before the app's own idle
-/// timeout can close it under a request). It goes to the app's address
+/// timeout can close it under a request). Each goes to the app's address
 /// whatever a request names, so each request keeps the client's
 /// `:authority` (RFC 9113 §8.3.1) as an HTTP/1 request keeps its `Host`.
 pub struct Multiplexed {
     addr: SocketAddr,
     idle_for: Duration,
-    /// The open connection's sender and when a request last went on it;
-    /// `None` before the first request and from [`Multiplexed::close_idle`].
-    /// A connect holds the lock: the requests that come meanwhile wait for it
-    /// rather than open connections of their own.
-    conn: tokio::sync::Mutex<Option<(H2Sender, Instant)>>,
-    /// Set by [`Multiplexed::close_idle`] (beat 3): the connection is no longer
-    /// kept for later requests, as [`Pool`] keeps none.
+    /// The open connections, oldest first; empty before the first request
+    /// and from [`Multiplexed::close_idle`]. A connect holds the lock: the
+    /// requests that come meanwhile wait for it rather than open connections
+    /// of their own.
+    conns: tokio::sync::Mutex<Vec<H2Conn>>,
+    /// Set by [`Multiplexed::close_idle`] (beat 3): no connection is kept
+    /// for later requests any more, as [`Pool`] keeps none.
     closed: AtomicBool,
     /// Its connects to the app under way, and the switch that ends them.
     pub connects: Connects,
 }
 
+/// One HTTP/2 connection to the app: its sender, when a request last went on
+/// it, its streams open, and the app's limit on them.
+struct H2Conn {
+    send: H2Sender,
+    last: Instant,
+    streams: Arc<AtomicU64>,
+    /// The app's `SETTINGS_MAX_CONCURRENT_STREAMS` ([`Settings`]); `u64::MAX`
+    /// until read, or when the app sets none.
+    limit: Arc<AtomicU64>,
+}
+
+/// One stream on an HTTP/2 connection to the app, counted open until dropped
+/// (with the response body, in its [`Lease`]).
+#[derive(Debug)]
+pub struct Stream(Arc<AtomicU64>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
 impl Multiplexed {
     /// No connection yet: the first request opens it. `idle_for`: how long
-    /// the connection may go without a new request and still be used.
+    /// a connection may go without a new request and still be used.
     pub fn new(addr: SocketAddr, idle_for: Duration) -> Multiplexed {
         Multiplexed {
             addr,
             idle_for,
-            conn: tokio::sync::Mutex::new(None),
+            conns: tokio::sync::Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             connects: Connects::new(),
         }
     }
 
-    /// The open connection, or a new one. A connection given up here closes
-    /// once its streams have ended (hyper's, when no sender is left). From
-    /// beat 3 none is kept: a request admitted before it and sent after gets
-    /// the kept one (taken out) or one of its own.
+    /// A connection with room for one more stream, or a new one, and the
+    /// stream counted on it. A connection given up here closes once its
+    /// streams have ended (hyper's, when no sender is left). From beat 3 none
+    /// is kept: a request admitted before it and sent after gets a kept one
+    /// (taken out) or one of its own.
     ///
     /// A request waits at most [`CONNECT_TIMEOUT`] in all, the time it waits
     /// for another request's connect (which holds the lock) included: the
     /// requests queued behind a connect to an app that does not accept end
     /// with it, not each [`CONNECT_TIMEOUT`] after the one before.
-    async fn sender(&self) -> Result<H2Sender, SendError> {
+    async fn sender(&self) -> Result<(H2Sender, Stream), SendError> {
         let _waiting = self.connects.enter();
         let by = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         let addr = self.addr;
-        let mut conn = tokio::time::timeout_at(by, self.conn.lock())
+        let mut conns = tokio::time::timeout_at(by, self.conns.lock())
             .await
             .map_err(|_| SendError::timed_out(addr))?;
         let closed = self.closed.load(SeqCst);
-        if let Some((s, last)) = conn.as_mut()
-            && !s.is_closed()
-            && last.elapsed() < self.idle_for
+        let idle_for = self.idle_for;
+        conns.retain(|c| !c.send.is_closed() && c.last.elapsed() < idle_for);
+        if let Some(i) = conns
+            .iter()
+            .position(|c| c.streams.load(SeqCst) < c.limit.load(SeqCst))
         {
-            *last = Instant::now();
-            let s = s.clone();
+            let c = &mut conns[i];
+            c.last = Instant::now();
+            c.streams.fetch_add(1, SeqCst);
+            let taken = (c.send.clone(), Stream(c.streams.clone()));
             if closed {
-                *conn = None;
+                conns.clear();
             }
-            return Ok(s);
+            return Ok(taken);
         }
-        *conn = None;
-        let tcp = self.connects.tcp(addr, by).await?;
+        let limit = Arc::new(AtomicU64::new(u64::MAX));
+        let read = Arc::new(Notify::new());
+        let tcp = Settings {
+            tcp: self.connects.tcp(addr, by).await?,
+            seen: Vec::new(),
+            limit: Some(limit.clone()),
+            read: read.clone(),
+        };
         let (send, connection) =
             hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -755,39 +771,59 @@ impl Multiplexed {
                 // canceled and no longer remembers) and closes the connection
                 // at 1024 (a guard against a hostile peer, CVE-2025-8671). The
                 // peer here is the app, and every client's cancels add to the
-                // one shared connection: the limit would cut every client's
+                // shared connection: the limit would cut every client's
                 // requests on it (502, `unknown`) each 1024 cancels.
                 .max_local_error_reset_streams(None)
                 .handshake(TokioIo::new(tcp))
                 .await
                 .map_err(|e| SendError::unreached(format!("HTTP/2 to {addr}: {e}")))?;
+        let ended = read.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 log::debug!("proxy: HTTP/2 upstream connection ended: {e}");
             }
+            ended.notify_one();
         });
+        // The app's limit first (its SETTINGS come within a round trip): h2
+        // knows no limit before them, and the streams sent meanwhile past the
+        // app's would be refused, or queued on this connection when another
+        // had room. The lock is held: the requests waiting for it wait for
+        // the limit too.
+        let _ = tokio::time::timeout_at(by, read.notified()).await;
+        let streams = Arc::new(AtomicU64::new(1));
+        let stream = Stream(streams.clone());
         // Read again: beat 3 may have come during the connect (up to
         // CONNECT_TIMEOUT), when `close_idle` could not take the lock.
         if !self.closed.load(SeqCst) {
-            *conn = Some((send.clone(), Instant::now()));
+            conns.push(H2Conn {
+                send: send.clone(),
+                last: Instant::now(),
+                streams,
+                limit,
+            });
         }
-        Ok(send)
+        Ok((send, stream))
     }
 
     /// Sends `req` (its URI absolute: `http://`, the client's authority, the
-    /// path) and yields the app's response head. A request hyper hands back
-    /// unsent (the connection was closing) goes once more on a new connection.
+    /// path) and yields the app's response head, and its stream (counted
+    /// open until dropped: keep it with the response body). A request hyper
+    /// hands back unsent (the connection was closing) goes once more on a
+    /// new connection.
     ///
     /// # Errors
     /// [`SendError`]: `reached_app` false when it never went out (refused,
     /// connect timeout, or handed back twice).
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<(Response<Incoming>, Stream), SendError> {
         let mut req = req;
         let mut resent = false;
         loop {
-            let mut send = self.sender().await?;
+            let (mut send, stream) = self.sender().await?;
             match send.try_send_request(req).await {
-                Ok(resp) => return Ok(resp),
+                Ok(resp) => return Ok((resp, stream)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if !resent => {
                         log::debug!(
@@ -809,17 +845,94 @@ impl Multiplexed {
         }
     }
 
-    /// At beat 3: the connection is let go (it closes once its streams
-    /// have ended: no new request will need it), and none is kept after. When
-    /// a connect holds the lock now, [`Multiplexed::sender`] reads `closed`
-    /// again once connected and does not keep the connection it opened.
+    /// At beat 3: the connections are let go (each closes once its streams
+    /// have ended: no new request will need them), and none is kept after.
+    /// When a connect holds the lock now, [`Multiplexed::sender`] reads
+    /// `closed` again once connected and does not keep the connection it
+    /// opened.
     pub fn close_idle(&self) {
         self.closed.store(true, SeqCst);
-        if let Ok(mut conn) = self.conn.try_lock() {
-            *conn = None;
+        if let Ok(mut conns) = self.conns.try_lock() {
+            conns.clear();
         }
     }
 }
+
+/// The app's side of an HTTP/2 connection, reading the app's first frame as
+/// it passes to hyper: the server's preface is a SETTINGS frame (RFC 9113
+/// §3.4), whose `SETTINGS_MAX_CONCURRENT_STREAMS` (0x3, §6.5.2) goes to
+/// `limit`. Later SETTINGS frames are not read (an app that lowers its limit
+/// later has h2 queue the streams past it, as before).
+struct Settings {
+    tcp: tokio::net::TcpStream,
+    /// The first frame's bytes so far.
+    seen: Vec<u8>,
+    /// `None` once the first frame was read.
+    limit: Option<Arc<AtomicU64>>,
+    /// Told once the first frame was read (whatever it was).
+    read: Arc<Notify>,
+}
+
+/// A first frame longer than this is not read (a SETTINGS frame holds 6
+/// bytes per setting, and there are 7 settings).
+const SETTINGS_MAX: usize = 1024;
+
+impl Settings {
+    /// Takes in `bytes`, read from the app: once the first frame is whole,
+    /// reads its limit, if it is a SETTINGS frame that sets one.
+    fn observe(&mut self, bytes: &[u8]) {
+        let Some(limit) = &self.limit else {
+            return;
+        };
+        self.seen.extend_from_slice(bytes);
+        if self.seen.len() < 9 {
+            return;
+        }
+        let len = usize::from(self.seen[0]) << 16
+            | usize::from(self.seen[1]) << 8
+            | usize::from(self.seen[2]);
+        let is_settings = self.seen[3] == 0x4;
+        if !is_settings || len > SETTINGS_MAX {
+            self.limit = None;
+            self.seen = Vec::new();
+            self.read.notify_one();
+            return;
+        }
+        if self.seen.len() < 9 + len {
+            return;
+        }
+        for setting in self.seen[9..9 + len].chunks_exact(6) {
+            if setting[..2] == [0, 3] {
+                let v = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
+                // Zero forbids new streams for now: one is still tried.
+                limit.store(u64::from(v).max(1), SeqCst);
+            }
+        }
+        self.limit = None;
+        self.seen = Vec::new();
+        self.read.notify_one();
+    }
+}
+
+impl AsyncRead for Settings {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled
+            && self.limit.is_some()
+        {
+            let new = buf.filled()[before..].to_vec();
+            self.observe(&new);
+        }
+        polled
+    }
+}
+
+super::socket::write_through_tcp!(Settings);
 
 #[cfg(test)]
 mod tests {
@@ -903,7 +1016,7 @@ mod tests {
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
         let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         for _ in 0..5 {
             let (resp, lease) = pool.send(get("/")).await.unwrap();
             assert_eq!(body(resp).await, b"ok");
@@ -919,7 +1032,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_app_closed_is_replaced_and_the_request_answered() {
         let (addr, conns) = app(1, Duration::ZERO).await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         for _ in 0..3 {
             let (resp, lease) = pool.send(get("/")).await.unwrap();
             assert_eq!(body(resp).await, b"ok");
@@ -942,8 +1055,8 @@ mod tests {
     /// connection back in the pool, then the runtime blocked past the linger
     /// (no task runs, the app's included). The next request picks that
     /// connection; the app closes it without reading the request.
-    async fn closed_as_picked(addr: SocketAddr) -> &'static Pool {
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+    async fn closed_as_picked(addr: SocketAddr) -> Arc<Pool> {
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         drop(lease);
@@ -986,7 +1099,7 @@ mod tests {
     /// A POST with a 4-byte body sent through `pool` is answered `ok` after one
     /// resend, on the app's second connection (`conns`).
     async fn post_is_answered_after_one_resend(
-        pool: &'static Pool,
+        pool: Arc<Pool>,
         conns: &std::sync::atomic::AtomicUsize,
     ) {
         let post = Request::post("/")
@@ -1021,7 +1134,7 @@ mod tests {
             }
         })
         .await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         post_is_answered_after_one_resend(pool, &conns).await;
     }
 
@@ -1044,7 +1157,7 @@ mod tests {
             // Dropped: a FIN, nothing unread.
         })
         .await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         drop(lease);
@@ -1101,7 +1214,7 @@ mod tests {
             }
             // Dropped: closed after half a status line.
         });
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         drop(lease);
@@ -1118,7 +1231,7 @@ mod tests {
     #[tokio::test]
     async fn closed_at_beat_3_the_pool_keeps_no_connection() {
         let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
         drop(lease);
@@ -1147,7 +1260,7 @@ mod tests {
     #[tokio::test]
     async fn a_stale_idle_connection_is_not_reused_and_is_swept() {
         let (addr, conns) = app(usize::MAX, Duration::ZERO).await;
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_millis(100))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_millis(100)));
         tokio::spawn(pool.sweep());
         let (resp, lease) = pool.send(get("/")).await.unwrap();
         assert_eq!(body(resp).await, b"ok");
@@ -1171,7 +1284,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_never_reached_the_app() {
         let addr = nobody_listening();
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(addr, Duration::from_secs(5))));
+        let pool = Arc::new(Pool::new(addr, Duration::from_secs(5)));
         let Err(e) = pool.send(get("/")).await else {
             panic!("a request with nothing listening was answered");
         };
@@ -1213,12 +1326,12 @@ mod tests {
         // machine stalls a whole second between two of them.
         let up = Multiplexed::new(addr, Duration::from_secs(1));
         for authority in ["a.example", "b.example:8443", "a.example"] {
-            let resp = up.send(h2_get(authority)).await.unwrap();
+            let (resp, _stream) = up.send(h2_get(authority)).await.unwrap();
             assert_eq!(body(resp).await, authority.as_bytes());
         }
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        let resp = up.send(h2_get("a.example")).await.unwrap();
+        let (resp, _stream) = up.send(h2_get("a.example")).await.unwrap();
         assert_eq!(body(resp).await, b"a.example");
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
@@ -1229,15 +1342,15 @@ mod tests {
     async fn closed_at_beat_3_no_http2_connection_is_kept() {
         let (addr, conns) = h2_app().await;
         let up = Multiplexed::new(addr, Duration::from_secs(5));
-        let resp = up.send(h2_get("a.example")).await.unwrap();
+        let (resp, _stream) = up.send(h2_get("a.example")).await.unwrap();
         assert_eq!(body(resp).await, b"a.example");
         up.close_idle();
         for n in 2..=3 {
-            let resp = up.send(h2_get("a.example")).await.unwrap();
+            let (resp, _stream) = up.send(h2_get("a.example")).await.unwrap();
             assert_eq!(body(resp).await, b"a.example");
             assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), n);
         }
-        assert!(up.conn.lock().await.is_none());
+        assert!(up.conns.lock().await.is_empty());
     }
 
     /// Beat 3 while the HTTP/2 connection is being opened (the app slow to
@@ -1274,10 +1387,10 @@ mod tests {
                 .serve_connection(TokioIo::new(tcp), service)
                 .await;
         });
-        let resp = sent.await.unwrap().unwrap();
+        let (resp, _stream) = sent.await.unwrap().unwrap();
         assert_eq!(body(resp).await, b"ok");
         assert!(
-            up.conn.lock().await.is_none(),
+            up.conns.lock().await.is_empty(),
             "a connection is kept after beat 3"
         );
     }
@@ -1288,5 +1401,40 @@ mod tests {
         let up = Multiplexed::new(nobody_listening(), Duration::from_secs(5));
         let e = up.send(h2_get("a.example")).await.unwrap_err();
         assert!(!e.reached_app, "{e:?}");
+    }
+
+    /// The app's first SETTINGS frame gives the stream limit, in as many
+    /// reads as it comes; another first frame, or none set, leaves it open.
+    #[tokio::test]
+    async fn the_apps_first_settings_frame_gives_its_stream_limit() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        // SETTINGS: ENABLE_PUSH 0, MAX_CONCURRENT_STREAMS 20.
+        let frame: &[u8] = &[
+            0, 0, 12, 4, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 0, 0, 20,
+        ];
+        let limit = Arc::new(AtomicU64::new(u64::MAX));
+        let mut s = Settings {
+            tcp,
+            seen: Vec::new(),
+            limit: Some(limit.clone()),
+            read: Arc::new(Notify::new()),
+        };
+        for piece in frame.chunks(5) {
+            s.observe(piece);
+        }
+        assert_eq!(limit.load(SeqCst), 20);
+        assert!(s.limit.is_none(), "read once");
+        let none = Arc::new(AtomicU64::new(u64::MAX));
+        s.limit = Some(none.clone());
+        s.observe(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(none.load(SeqCst), u64::MAX);
+        let other = Arc::new(AtomicU64::new(u64::MAX));
+        s.limit = Some(other.clone());
+        s.observe(&[0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(other.load(SeqCst), u64::MAX);
+        assert!(s.limit.is_none());
     }
 }

@@ -1,19 +1,23 @@
-//! The request ledger (DESIGN §11): every request that reaches the proxy gets
+//! The request ledger (docs/proxy.md, "Ledger"): every request that reaches the proxy gets
 //! exactly one outcome, counted here.
 //!
 //! Owns: the counters, the capped list of lost requests, the request-duration
-//! histogram and the stream counters. Written by the proxy thread (one
-//! [`Admitted`] guard per admitted request settles it exactly once, on drop at
-//! the latest), read by the supervisor (the report, the beats' log lines) and by
+//! histogram and the stream counters. Written by the proxy thread (each admitted request's
+//! [`Admitted`] entry is settled exactly once: [`RequestLedger::settle`] takes
+//! it by value; the proxy's one guard, `proxy::outcome::InFlight`, makes sure
+//! of it), read by the supervisor (the report, the beats' log lines) and by
 //! `/metrics`.
 //!
 //! Invariants, checked by [`Totals::balanced`] and the tests:
 //! `received = rejected + admitted` and
 //! `admitted = completed + unknown + abandoned + canceled + in_flight`. They
-//! hold in every snapshot ([`Ledger::totals`]), not only once the proxy has
+//! hold in every snapshot ([`RequestLedger::totals`]), not only once the proxy has
 //! stopped: each change that moves several counters (a request received and
 //! rejected, admitted, settled, found refused) is one write, and a snapshot is
-//! taken between writes (see [`Ledger::totals`]).
+//! taken between writes (see [`RequestLedger::totals`]).
+//!
+//! Named `RequestLedger` (the proxy's requests), not to be confused with the
+//! report's `ProcessLedger` (the app's processes at a drain).
 
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -35,7 +39,12 @@ pub const DURATION_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// How an admitted request ended.
+/// How a request through the proxy ended: the one outcome type of the request
+/// path. `Rejected` is for a request that was admitted and then found never to
+/// have reached the app (admission closed meanwhile, the app's connection
+/// refused or halted); a request rejected at the gate is counted by
+/// [`RequestLedger::rejected`], a malformed one by
+/// [`RequestLedger::malformed`] (never `received`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
@@ -47,6 +56,13 @@ pub enum Outcome {
     Abandoned,
     /// The client went away first.
     Canceled,
+    /// Never reached the app, answered drainit's 503: safe to retry (counted
+    /// `rejected`, no longer `admitted`).
+    Rejected,
+    /// Its body turned out malformed after its head went to the app (a bad
+    /// chunk): counted `malformed` as the requests refused at their head,
+    /// no longer `received` nor `admitted`. The app got a body cut short.
+    Malformed,
 }
 
 /// How a stream ended (the report's `streams`).
@@ -77,9 +93,9 @@ pub struct Lost {
     pub request_id: Option<String>,
 }
 
-/// The ledger. One per proxy; shared between threads.
+/// The request ledger. One per proxy; shared between threads.
 #[derive(Default)]
-pub struct Ledger {
+pub struct RequestLedger {
     received: AtomicU64,
     rejected: AtomicU64,
     admitted: AtomicU64,
@@ -106,8 +122,8 @@ pub struct Ledger {
     streams_completed: AtomicU64,
     streams_closed_by_drain: AtomicU64,
     streams_abandoned: AtomicU64,
-    /// Held shared by each write of several counters ([`Ledger::write`]),
-    /// which run side by side, and alone by a snapshot ([`Ledger::totals`]),
+    /// Held shared by each write of several counters ([`RequestLedger::write`]),
+    /// which run side by side, and alone by a snapshot ([`RequestLedger::totals`]),
     /// which waits for the writes under way and holds new ones back (the
     /// lock prefers the one who waits alone) for the few reads it takes.
     writing: RwLock<()>,
@@ -134,9 +150,9 @@ pub struct Totals {
     pub malformed: u64,
     /// Admitted requests sent to the app a second time, on a new connection,
     /// because the kept-alive one they were given turned out closed (the
-    /// proxy's resend rule, README "Upstream"): each is also counted once in
-    /// its outcome. Set by [`crate::proxy::Proxy::totals`]; 0 from
-    /// [`Ledger::totals`].
+    /// proxy's resend rule, docs/proxy.md, "Upstream"): each is also counted once in
+    /// its outcome. Set by [`crate::Proxy::totals`]; 0 from
+    /// [`RequestLedger::totals`].
     pub resent: u64,
     /// The first [`LOST_LISTED`] `unknown` and `abandoned` requests.
     pub lost: Vec<Lost>,
@@ -165,9 +181,9 @@ pub struct Streams {
 /// The outcomes with their counts, for `/metrics`.
 pub type ByOutcome = [(&'static str, u64); 5];
 
-impl Ledger {
+impl RequestLedger {
     /// One change of several counters, which a snapshot sees whole or not
-    /// at all ([`Ledger::totals`]).
+    /// at all ([`RequestLedger::totals`]).
     fn write<R>(&self, f: impl FnOnce() -> R) -> R {
         let _writing = self.writing.read().unwrap_or_else(PoisonError::into_inner);
         f()
@@ -188,15 +204,10 @@ impl Ledger {
     }
 
     /// A request reached the proxy and is admitted (`received`, `admitted`):
-    /// it is in flight until the guard settles it. The
+    /// it is in flight until [`RequestLedger::settle`] takes its entry. The
     /// request's method, URI and `X-Request-Id` are kept as they are (shared
     /// buffers, no copy) and written out only if the request is lost.
-    pub fn admit(
-        &self,
-        method: &Method,
-        uri: &Uri,
-        request_id: Option<&HeaderValue>,
-    ) -> Admitted<'_> {
+    pub fn admit(&self, method: &Method, uri: &Uri, request_id: Option<&HeaderValue>) -> Admitted {
         self.write(|| {
             self.received.fetch_add(1, Relaxed);
             self.admitted.fetch_add(1, Relaxed);
@@ -205,12 +216,10 @@ impl Ledger {
             self.in_flight.fetch_add(1, SeqCst);
         });
         Admitted {
-            ledger: self,
             start: Instant::now(),
             method: method.clone(),
             uri: uri.clone(),
             request_id: request_id.cloned(),
-            settled: false,
         }
     }
 
@@ -230,7 +239,7 @@ impl Ledger {
         self.cutting.store(true, Relaxed);
     }
 
-    /// Whether [`Ledger::cut_all`] was called.
+    /// Whether [`RequestLedger::cut_all`] was called.
     pub fn cutting(&self) -> bool {
         self.cutting.load(Relaxed)
     }
@@ -294,7 +303,7 @@ impl Ledger {
     }
 
     /// The outcome counters and the requests in flight, for `/metrics`: one
-    /// snapshot, as [`Ledger::totals`] takes it, so that a scrape never counts
+    /// snapshot, as [`RequestLedger::totals`] takes it, so that a scrape never counts
     /// a request both settled and still in flight, or neither.
     pub fn by_outcome(&self) -> (ByOutcome, u64) {
         let _alone = self.writing.write().unwrap_or_else(PoisonError::into_inner);
@@ -333,7 +342,7 @@ impl Ledger {
 
     /// A stream ended: by itself (or its client), closed by drainit at beat 3,
     /// or cut when drainit stopped (`abandoned`, whatever `how` says once
-    /// [`Ledger::cut_all`] was called).
+    /// [`RequestLedger::cut_all`] was called).
     pub fn stream_ended(&self, how: StreamEnd) {
         let c = match how {
             _ if self.cutting() => &self.streams_abandoned,
@@ -350,25 +359,35 @@ impl Ledger {
         let _ = self.epoch.set(at);
     }
 
-    fn settle(&self, a: &Admitted<'_>, outcome: Outcome) {
+    /// Settles the admitted request `a` with `outcome`: it leaves `in_flight`
+    /// and is counted once (taken by value: it cannot be settled twice).
+    /// `Unknown` and `Canceled` become `Abandoned` once drainit cuts what is
+    /// in flight ([`RequestLedger::cut_all`]); `Rejected` takes it out of
+    /// `admitted` (it never reached the app).
+    pub fn settle(&self, a: Admitted, outcome: Outcome) {
         // Once drainit cuts what is in flight (the deadline's SIGKILL follows),
         // a request the app could not finish was cut by drainit.
         let outcome = match outcome {
+            Outcome::Rejected => return self.unadmit(),
+            Outcome::Malformed => return self.unreceive(),
             Outcome::Unknown | Outcome::Canceled if self.cutting() => Outcome::Abandoned,
             o => o,
         };
         let took = a.start.elapsed();
-        self.write(|| self.count(a, outcome));
+        self.write(|| self.count(&a, outcome));
         self.observe(took);
     }
 
     /// The counters and the list of lost requests for `a` settled `outcome`.
-    fn count(&self, a: &Admitted<'_>, outcome: Outcome) {
+    fn count(&self, a: &Admitted, outcome: Outcome) {
         let counter = match outcome {
             Outcome::Completed => &self.completed,
             Outcome::Unknown => &self.unknown,
             Outcome::Abandoned => &self.abandoned,
             Outcome::Canceled => &self.canceled,
+            Outcome::Rejected | Outcome::Malformed => {
+                unreachable!("settle counts a rejected or malformed request apart")
+            }
         };
         counter.fetch_add(1, Relaxed);
         // SeqCst as the admission's `fetch_add` and the supervisor's `in_flight`
@@ -411,6 +430,17 @@ impl Ledger {
 
     /// An admitted request turned out never to have reached the app (the
     /// upstream refused the connection): it is `rejected`, not admitted.
+    /// An admitted request found malformed (its body): `malformed`, no longer
+    /// `received`, `admitted` nor in flight, in one write.
+    fn unreceive(&self) {
+        self.write(|| {
+            self.received.fetch_sub(1, Relaxed);
+            self.admitted.fetch_sub(1, Relaxed);
+            self.in_flight.fetch_sub(1, SeqCst);
+            self.malformed.fetch_add(1, Relaxed);
+        });
+    }
+
     fn unadmit(&self) {
         self.write(|| {
             self.admitted.fetch_sub(1, Relaxed);
@@ -428,42 +458,17 @@ fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
-/// One admitted request, in flight until settled. Dropped unsettled, it was
-/// `canceled` (the client went away), or `abandoned` after [`Ledger::cut_all`].
-pub struct Admitted<'a> {
-    ledger: &'a Ledger,
+/// One admitted request's entry, in flight until
+/// [`RequestLedger::settle`] takes it: what the ledger keeps of it (its start,
+/// and what names it if it is lost). A plain value: the proxy's guard
+/// (`proxy::outcome::InFlight`) holds it and settles it however the request
+/// ends.
+#[must_use = "an admitted request stays in flight until it is settled"]
+pub struct Admitted {
     start: Instant,
     method: Method,
     uri: Uri,
     request_id: Option<HeaderValue>,
-    settled: bool,
-}
-
-impl Admitted<'_> {
-    /// Settles the request with `outcome` (once; later calls do nothing).
-    pub fn settle(&mut self, outcome: Outcome) {
-        if !std::mem::replace(&mut self.settled, true) {
-            self.ledger.settle(self, outcome);
-        }
-    }
-
-    /// The upstream refused the connection: `rejected` after all.
-    pub fn refused(&mut self) {
-        if !std::mem::replace(&mut self.settled, true) {
-            self.ledger.unadmit();
-        }
-    }
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        let cut = self.ledger.cutting();
-        self.settle(if cut {
-            Outcome::Abandoned
-        } else {
-            Outcome::Canceled
-        });
-    }
 }
 
 #[cfg(test)]
@@ -472,20 +477,22 @@ mod tests {
 
     #[test]
     fn every_request_gets_exactly_one_outcome_and_the_equations_hold() {
-        let l = Ledger::default();
+        let l = RequestLedger::default();
         l.rejected();
         for outcome in [Outcome::Completed, Outcome::Unknown, Outcome::Completed] {
-            let mut a = l.admit(
+            let a = l.admit(
                 &Method::GET,
                 &Uri::from_static("/a"),
                 Some(&HeaderValue::from_static("id-1")),
             );
-            a.settle(outcome);
-            a.settle(Outcome::Canceled); // once only
+            // Once only: `settle` takes the entry.
+            l.settle(a, outcome);
         }
-        drop(l.admit(&Method::GET, &Uri::from_static("/gone"), None)); // canceled
-        l.admit(&Method::POST, &Uri::from_static("/refused"), None)
-            .refused();
+        // The client went away (the proxy's guard settles it so).
+        let gone = l.admit(&Method::GET, &Uri::from_static("/gone"), None);
+        l.settle(gone, Outcome::Canceled);
+        let refused = l.admit(&Method::POST, &Uri::from_static("/refused"), None);
+        l.settle(refused, Outcome::Rejected);
         let in_flight = l.admit(&Method::PUT, &Uri::from_static("/slow"), None);
         l.mark_t0();
         let t = l.totals();
@@ -494,7 +501,8 @@ mod tests {
         assert_eq!((t.rejected, t.in_flight, t.in_flight_at_start), (2, 1, 1));
         assert_eq!(l.lost_since_t0(), 0, "the unknown came before T0");
         l.cut_all();
-        drop(in_flight);
+        // Dropped unsettled after the cut: the guard says `Canceled`.
+        l.settle(in_flight, Outcome::Canceled);
         let t = l.totals();
         assert!(t.balanced(), "{t:?}");
         assert_eq!((t.abandoned, t.in_flight, l.lost_since_t0()), (1, 0, 1));
@@ -509,7 +517,7 @@ mod tests {
     /// final one does, and list or count every lost request.
     #[test]
     fn a_snapshot_taken_while_requests_come_and_go_balances() {
-        let l = Ledger::default();
+        let l = RequestLedger::default();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             for _ in 0..2 {
@@ -517,9 +525,9 @@ mod tests {
                     let uri = Uri::from_static("/x");
                     while !stop.load(Relaxed) {
                         l.rejected();
-                        l.admit(&Method::GET, &uri, None).settle(Outcome::Unknown);
-                        l.admit(&Method::GET, &uri, None).refused();
-                        drop(l.admit(&Method::GET, &uri, None));
+                        l.settle(l.admit(&Method::GET, &uri, None), Outcome::Unknown);
+                        l.settle(l.admit(&Method::GET, &uri, None), Outcome::Rejected);
+                        l.settle(l.admit(&Method::GET, &uri, None), Outcome::Canceled);
                     }
                 });
             }
@@ -552,10 +560,12 @@ mod tests {
 
     #[test]
     fn the_list_of_lost_requests_is_capped_and_the_rest_counted() {
-        let l = Ledger::default();
+        let l = RequestLedger::default();
         for _ in 0..LOST_LISTED + 7 {
-            l.admit(&Method::GET, &Uri::from_static("/x"), None)
-                .settle(Outcome::Unknown);
+            l.settle(
+                l.admit(&Method::GET, &Uri::from_static("/x"), None),
+                Outcome::Unknown,
+            );
         }
         let t = l.totals();
         assert_eq!(t.lost.len(), LOST_LISTED);

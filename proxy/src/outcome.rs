@@ -1,0 +1,360 @@
+//! Where an admitted request's outcome is recorded: one guard per request,
+//! [`InFlight`], and nothing else.
+//!
+//! The request path decides an outcome ([`Outcome`]: completed, unknown,
+//! canceled, rejected) and hands it to the guard, once: the guard is taken by
+//! value, so a request cannot be recorded twice. Only when the path never got
+//! to decide (the client went away and hyper dropped the request's future or
+//! its response body; drainit's exit dropped the runtime) does the guard's
+//! `Drop` record one: `canceled`, which the ledger counts `abandoned` once
+//! drainit cut what is in flight ([`super::ledger::RequestLedger::cut_all`]).
+//! No other `Drop` records an outcome, so the order in which things are
+//! dropped never decides one.
+//!
+//! An HTTP/1 response taken whole by hyper is `completed` only once it is out
+//! of drainit's buffers: its guard waits in the connection's [`Unflushed`]
+//! until hyper's next successful flush and the client's acknowledgement
+//! ([`unacked`], the kernel's count), its connection meanwhile [`Busy`].
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use hyper::Request;
+
+use super::ledger::{Admitted, Outcome};
+use super::shared::{Rejecting, Shared};
+
+/// One admitted request until its outcome is recorded (see the module's
+/// doc): counted `in_flight` from [`InFlight::admit`] until
+/// [`InFlight::record`], or until dropped (`canceled`, or `abandoned` after
+/// drainit's cut). Either way the supervisor's wait for nothing in flight is
+/// woken ([`Shared::settled`]).
+pub(super) struct InFlight {
+    shared: Arc<Shared>,
+    /// `None` once recorded.
+    admitted: Option<Admitted>,
+}
+
+impl InFlight {
+    /// Admits `req`: `received` and `admitted`, in flight from now on.
+    pub(super) fn admit<B>(shared: Arc<Shared>, req: &Request<B>) -> InFlight {
+        let admitted =
+            shared
+                .ledger
+                .admit(req.method(), req.uri(), req.headers().get("x-request-id"));
+        InFlight {
+            shared,
+            admitted: Some(admitted),
+        }
+    }
+
+    /// Records the request's outcome, and wakes the supervisor if it waits
+    /// for nothing in flight.
+    pub(super) fn record(mut self, outcome: Outcome) {
+        self.settle(outcome);
+    }
+
+    /// The request never reached the app: `rejected`. The 503 that says so is
+    /// counted in [`Shared::rejecting`] before the request leaves `in_flight`,
+    /// so that [`super::Proxy::stop`], which waits for either, never sees a
+    /// moment with neither; the returned [`Rejecting`] goes in the 503's body.
+    pub(super) fn reject(self) -> Rejecting {
+        let rejecting = Rejecting::new(&self.shared);
+        self.record(Outcome::Rejected);
+        rejecting
+    }
+
+    fn settle(&mut self, outcome: Outcome) {
+        if let Some(a) = self.admitted.take() {
+            self.shared.ledger.settle(a, outcome);
+            self.shared.settled();
+        }
+    }
+}
+
+impl Drop for InFlight {
+    /// Nothing was recorded: the client went away (or drainit's exit dropped
+    /// the request). The ledger makes it `abandoned` after drainit's cut.
+    fn drop(&mut self) {
+        self.settle(Outcome::Canceled);
+    }
+}
+
+/// The requests of one HTTP/1 client connection whose response's last frame
+/// hyper has taken but whose bytes may not have reached the client yet: they
+/// stay in flight, and are `completed` only once the client's TCP has
+/// acknowledged the response's last byte. Two steps:
+///
+/// 1. hyper buffers up to a few hundred KiB for a client slower than the app:
+///    a response taken whole waits for hyper's next successful flush of the
+///    connection, which comes only once its write buffer is empty.
+/// 2. Flushed, its bytes are in the kernel's send queue, not yet the client's:
+///    a connection closed with unread input is reset, and the kernel discards
+///    what it had not sent (RFC 9112 §9.6). So the response waits, at the byte
+///    offset where it ends, until the kernel's count of unacknowledged bytes
+///    (`SIOCOUTQ`, tcp(7)) says the client has everything up to it.
+///
+/// Checked by the connection's [`Unflushed::watch`] while something waits
+/// (from 1 ms after the flush), at a flush of a later response, and by the
+/// lingering close ([`super::socket::Rewind`]'s
+/// drop). Dropped before that (drainit cut the connection, the client went,
+/// the linger ran out, drainit's exit), their guards record them `canceled`
+/// (`abandoned` after drainit's cut) as any request cut mid-response: a client
+/// that got a cut response is never counted `completed`, and the drain signal
+/// waits for the last bytes as for the rest of the response.
+#[derive(Default)]
+pub(super) struct Unflushed {
+    /// Whether `taken` holds any: read on every flush, without the lock.
+    any: AtomicBool,
+    /// Bytes written to the client's socket so far.
+    written: AtomicU64,
+    pending: Mutex<Pending>,
+    /// Told when a flush leaves responses waiting for the client's
+    /// acknowledgement ([`Unflushed::watch`]).
+    sent: tokio::sync::Notify,
+}
+
+/// A request waiting in [`Unflushed`], and its place in its connection's
+/// count of requests being answered (the connection is not idle meanwhile).
+type Waiting = (InFlight, Option<Busy>);
+
+#[derive(Default)]
+struct Pending {
+    /// Taken whole by hyper, not flushed yet.
+    taken: Vec<Waiting>,
+    /// Flushed: each with the offset (bytes written on the connection) at
+    /// which its response ends, in order.
+    sent: std::collections::VecDeque<(u64, Waiting)>,
+    /// The client's socket while it is open: its descriptor stays valid while
+    /// this is `Some` (the socket's owner clears it, under the lock, before
+    /// closing it).
+    socket: Option<RawFd>,
+}
+
+impl Unflushed {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `request`'s response was taken whole by hyper: `completed` once flushed
+    /// and acknowledged.
+    pub(super) fn push(&self, request: InFlight, busy: Option<Busy>) {
+        self.lock().taken.push((request, busy));
+        self.any.store(true, SeqCst);
+    }
+
+    /// `n` more bytes were written to the client's socket.
+    pub(super) fn wrote(&self, n: usize) {
+        self.written.fetch_add(n as u64, SeqCst);
+    }
+
+    /// The client's socket (`Some`) or its close (`None`): see
+    /// [`Pending::socket`].
+    pub(super) fn set_socket(&self, socket: Option<RawFd>) {
+        self.lock().socket = socket;
+    }
+
+    /// hyper flushed the connection: the responses it had taken are in the
+    /// kernel, and [`Unflushed::watch`] checks for the client's
+    /// acknowledgement from 1 ms on. Responses flushed before these may have
+    /// been acknowledged meanwhile: they are checked now.
+    ///
+    /// Not checked at every flush: hyper flushes each time its connection is
+    /// polled, and a response just written is not acknowledged yet (a client's
+    /// ACK takes a round trip), so each check then was a `SIOCOUTQ` call that
+    /// found nothing, three or four per request.
+    pub(super) fn flushed(&self) {
+        if !self.any.swap(false, SeqCst) {
+            return;
+        }
+        let end = self.written.load(SeqCst);
+        let earlier = {
+            let mut guard = self.lock();
+            let p = &mut *guard;
+            let earlier = !p.sent.is_empty();
+            // Drained in place: the list keeps its room for the next response.
+            p.sent.extend(p.taken.drain(..).map(|w| (end, w)));
+            earlier
+        };
+        if !earlier || !self.deliver() {
+            self.sent.notify_one();
+        }
+    }
+
+    /// Records `completed` the sent responses whose last byte the client
+    /// acknowledged; true when none waits any more.
+    pub(super) fn deliver(&self) -> bool {
+        let mut p = self.lock();
+        if p.sent.is_empty() {
+            return true;
+        }
+        let Some(unacked) = p.socket.and_then(unacked) else {
+            return false;
+        };
+        let acked = self.written.load(SeqCst).saturating_sub(unacked);
+        while p.sent.front().is_some_and(|(end, _)| *end <= acked) {
+            if let Some((_, (request, _))) = p.sent.pop_front() {
+                request.record(Outcome::Completed);
+            }
+        }
+        p.sent.is_empty()
+    }
+
+    /// Whether responses wait for the client's acknowledgement.
+    pub(super) fn waiting(&self) -> bool {
+        !self.lock().sent.is_empty()
+    }
+
+    /// The connection is over and its client was not heard from in time:
+    /// what it has not acknowledged is `canceled` (`abandoned` after
+    /// drainit's cut), and so is what hyper never flushed.
+    pub(super) fn give_up(&self) {
+        let (taken, sent) = {
+            let mut p = self.lock();
+            p.socket = None;
+            (std::mem::take(&mut p.taken), std::mem::take(&mut p.sent))
+        };
+        // Recorded outside the lock.
+        drop((taken, sent));
+    }
+
+    /// Never returns: while the connection is open, whenever responses wait
+    /// for the client's acknowledgement, checks for it, 1 ms after the flush
+    /// and then twice as long each time up to [`ACK_CHECK_MAX`]. For the
+    /// connection's `select!`; restarted from the top at any point, it loses
+    /// nothing.
+    pub(super) async fn watch(&self) {
+        loop {
+            if !self.waiting() {
+                self.sent.notified().await;
+            }
+            let mut wait = Duration::from_millis(1);
+            loop {
+                tokio::time::sleep(wait).await;
+                if self.deliver() {
+                    break;
+                }
+                wait = (wait * 2).min(ACK_CHECK_MAX);
+            }
+        }
+    }
+}
+
+/// One request being answered on a client connection, from its head read to
+/// its response written (held by the response's body): a connection with
+/// none is idle (`serve.rs`'s `Open::evict_oldest_idle`).
+pub(super) struct Busy(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Busy {
+    pub(super) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Busy {
+        count.fetch_add(1, SeqCst);
+        Busy(count.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+/// The bytes the kernel holds for a connection that the peer has not
+/// acknowledged yet (`SIOCOUTQ`, tcp(7): sent or not); `None` when the
+/// kernel does not say. `fd` must be an open TCP socket.
+#[allow(unsafe_code)]
+pub(super) fn unacked(fd: RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: ioctl(2) SIOCOUTQ (= TIOCOUTQ) on a socket writes one int
+    // through the pointer, which points to `n`; the caller keeps `fd` open.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut n) };
+    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+/// The longest wait between two checks for a client's acknowledgement
+/// ([`Unflushed::watch`]).
+const ACK_CHECK_MAX: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn shared() -> Arc<Shared> {
+        let (asks, _) = tokio::sync::mpsc::channel(1);
+        let (asked, _) = crate::readiness::ReadyzAsked::channel();
+        let ready_ask = crate::readiness::ReadinessAsks::new(asks, asked);
+        let app = "127.0.0.1:9".parse().unwrap();
+        Arc::new(Shared::new(app, None, ready_ask, Duration::ZERO).unwrap())
+    }
+
+    /// The path's outcome is recorded once; a guard dropped with nothing
+    /// recorded is `canceled`, `abandoned` after drainit's cut; a rejected
+    /// request's 503 is counted before the request leaves `in_flight`.
+    #[test]
+    fn the_guard_records_the_paths_outcome_or_else_canceled_or_abandoned() {
+        let s = shared();
+        let req = Request::get("/a").body(()).unwrap();
+        InFlight::admit(s.clone(), &req).record(Outcome::Completed);
+        drop(InFlight::admit(s.clone(), &req));
+        let rejecting = InFlight::admit(s.clone(), &req).reject();
+        assert_eq!(s.rejecting.load(SeqCst), 1);
+        drop(rejecting);
+        assert_eq!(s.rejecting.load(SeqCst), 0);
+        let cut = InFlight::admit(s.clone(), &req);
+        s.ledger.cut_all();
+        drop(cut);
+        let t = s.ledger.totals();
+        assert!(t.balanced(), "{t:?}");
+        assert_eq!(
+            (
+                t.completed,
+                t.canceled,
+                t.rejected,
+                t.abandoned,
+                t.in_flight
+            ),
+            (1, 1, 1, 1, 0)
+        );
+    }
+
+    /// A response taken whole is `completed` once flushed and acknowledged by
+    /// the client's TCP; one the client has not acknowledged when the
+    /// connection is over is `canceled`, and so is one never flushed.
+    #[test]
+    fn an_unflushed_response_completes_once_the_client_has_it_or_is_canceled() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let s = shared();
+        let req = Request::get("/a").body(()).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut server, _) = l.accept().unwrap();
+        let u = Unflushed::default();
+        u.set_socket(Some(server.as_raw_fd()));
+        u.push(InFlight::admit(s.clone(), &req), None);
+        server.write_all(b"response").unwrap();
+        u.wrote(8);
+        u.flushed();
+        let mut got = [0u8; 8];
+        client.read_exact(&mut got).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !u.deliver() {
+            assert!(std::time::Instant::now() < deadline, "never acknowledged");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(s.ledger.totals().completed, 1);
+        // Flushed, never acknowledged (no socket to ask), then over.
+        u.set_socket(None);
+        u.push(InFlight::admit(s.clone(), &req), None);
+        u.wrote(8);
+        u.flushed();
+        assert_eq!(s.ledger.in_flight(), 1, "in flight until acknowledged");
+        // Taken, never flushed.
+        u.push(InFlight::admit(s.clone(), &req), None);
+        u.give_up();
+        let t = s.ledger.totals();
+        assert_eq!((t.completed, t.canceled, t.in_flight), (1, 2, 0));
+    }
+}

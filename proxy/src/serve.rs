@@ -1,0 +1,540 @@
+//! Accepting and serving client connections: the accept loop under the
+//! connection cap (where the oldest idle connection makes room for a new
+//! one), each connection's protocol (HTTP/2 by its preface, else
+//! HTTP/1.1), its life across the gate's moves (idle connections closed at
+//! the forward, HTTP/2's GOAWAY at beat 3, a rapid-reset client cut off), and
+//! each request's path through the proxy ([`handle`]: the health path,
+//! admission, then the app).
+//!
+//! As linkerd2-proxy's `serve.rs`: this file owns connections, not requests;
+//! what happens to one request is [`super::gate`]'s and
+//! [`super::forward`]'s.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Relaxed, SeqCst},
+};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::watch;
+
+use super::body::ProxyBody;
+use super::gate::{self, Admission};
+use super::headers::{Peer, expects_continue};
+use super::outcome::{Busy, Unflushed};
+use super::respond;
+use super::shared::{Gate, Shared};
+use super::socket::{Rewind, Slot, sniff};
+use super::upstream::Clients;
+use super::{
+    CLIENT_STREAMS_MAX, HEAD_TIMEOUT, OPENING_GRACE, PREMATURE_RESET, PREMATURE_RESETS_MAX,
+    connection_cap,
+};
+
+/// Accepts client connections until the runtime stops, at most
+/// [`connection_cap`] served at once. At the cap, a new connection makes room:
+/// the oldest idle connection (no request being answered on it: a keep-alive
+/// connection between requests, one that had sent nothing when drainit first
+/// read it, one still short of its first request [`OPENING_GRACE`] after it
+/// was accepted, an HTTP/2 connection with no stream open) is closed for it.
+/// A connection just accepted whose first request was already there is not
+/// idle: that request is on its way. With none idle, the new connection waits
+/// for a place (and the ones after it in the kernel's backlog), and looks again
+/// every [`OPENING_GRACE`].
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    clients: Arc<Clients>,
+) {
+    tokio::spawn(clients.h1.sweep());
+    let slots = Arc::new(tokio::sync::Semaphore::new(connection_cap()));
+    let open = Arc::new(Open::default());
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                log::warn!("proxy: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let Some(p) = make_room(&slots, &open).await else {
+                    return;
+                };
+                p
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        shared.stir();
+        let (id, busy, evicted, opening) = open.insert();
+        let conns = open.clone();
+        // Given back when the connection and every tunnel it became are closed.
+        let slot = Arc::new(permit);
+        // Boxed: moved into the task's future and then into its `select!`,
+        // the connection's future would otherwise take its room twice.
+        let serving = Box::pin(connection(
+            tcp,
+            peer,
+            shared.clone(),
+            clients.clone(),
+            slot,
+            Idle { busy, opening },
+        ));
+        tokio::spawn(async move {
+            tokio::select! {
+                () = serving => {}
+                () = evicted.notified() => {}
+            }
+            conns.remove(id);
+        });
+    }
+}
+
+/// At the cap: closes the oldest idle connection and waits for a place, looking
+/// again every [`OPENING_GRACE`] (a connection still opening becomes idle when
+/// its grace ends). `None` when the proxy stops.
+async fn make_room(
+    slots: &Arc<tokio::sync::Semaphore>,
+    open: &Open,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    loop {
+        if open.evict_oldest_idle() {
+            log::debug!("proxy: connections at the cap: closed the oldest idle one");
+        }
+        tokio::select! {
+            p = slots.clone().acquire_owned() => return p.ok(),
+            () = tokio::time::sleep(OPENING_GRACE) => {}
+        }
+    }
+}
+
+/// What tells the accept loop whether a connection is idle: its count of
+/// requests being answered, and whether it is still opening (accepted, its
+/// first request may be on its way).
+struct Idle {
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+    opening: Arc<AtomicBool>,
+}
+
+/// The client connections served, by accept order (the first is the oldest),
+/// each with its count of requests being answered, whether it is still
+/// opening, and what closes it.
+#[derive(Default)]
+struct Open {
+    next: std::sync::atomic::AtomicU64,
+    conns: std::sync::Mutex<std::collections::BTreeMap<u64, OpenConn>>,
+}
+
+struct OpenConn {
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+    evict: Arc<tokio::sync::Notify>,
+    opening: Arc<AtomicBool>,
+    accepted: Instant,
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, OpenConn>> {
+        self.conns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new connection: its id, its count of requests being answered, what
+    /// tells it to close, and its opening flag (set: cleared by the connection
+    /// when it finds nothing sent yet, or when its first request comes).
+    fn insert(
+        &self,
+    ) -> (
+        u64,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<tokio::sync::Notify>,
+        Arc<AtomicBool>,
+    ) {
+        let id = self.next.fetch_add(1, Relaxed);
+        let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let evict = Arc::new(tokio::sync::Notify::new());
+        let opening = Arc::new(AtomicBool::new(true));
+        self.lock().insert(
+            id,
+            OpenConn {
+                busy: busy.clone(),
+                evict: evict.clone(),
+                opening: opening.clone(),
+                accepted: Instant::now(),
+            },
+        );
+        (id, busy, evict, opening)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Closes the oldest idle connection (no request being answered, and not
+    /// opening unless its [`OPENING_GRACE`] is over); false when none is.
+    fn evict_oldest_idle(&self) -> bool {
+        let mut conns = self.lock();
+        let now = Instant::now();
+        let Some(id) = conns
+            .iter()
+            .find(|(_, c)| {
+                c.busy.load(SeqCst) == 0
+                    && (!c.opening.load(SeqCst) || now.duration_since(c.accepted) >= OPENING_GRACE)
+            })
+            .map(|(id, _)| *id)
+        else {
+            return false;
+        };
+        if let Some(c) = conns.remove(&id) {
+            // Stored if the task is not waiting yet: it closes at its first look.
+            c.evict.notify_one();
+        }
+        true
+    }
+}
+
+/// One request's path: the health path (answered as `/readyz`), else
+/// admission ([`gate::admit`]), then the app ([`super::forward::forward`]).
+/// A rejected request's body is read first (up to
+/// [`super::REJECT_BODY_MAX`]), so that its 503 is not lost to a reset.
+async fn handle(
+    req: Request<Incoming>,
+    peer: Peer,
+    shared: Arc<Shared>,
+    clients: Arc<Clients>,
+    slot: Slot,
+) -> Response<ProxyBody> {
+    let version = req.version();
+    if gate::is_health(&req, &shared) {
+        // Something routes by drainit's readiness: the default pre-drain delay
+        // applies (docs/processes-and-signals.md), as for `/readyz`.
+        shared.ready_ask.note_asked();
+        return respond::health(&shared, version).await;
+    }
+    match gate::admit(&req, &shared) {
+        Admission::Malformed(status, text) => {
+            respond::closing(status, text, shared.gate(), version)
+        }
+        Admission::Rejected(why, rejecting) => {
+            // A client that waits for `100 Continue` gets the 503 instead:
+            // reading the body would send the 100 and invite an upload
+            // drainit then cuts (RFC 9110 §10.1.1). hyper closes the
+            // connection after the answer.
+            if !expects_continue(req.headers()) {
+                respond::drain_body(req.into_body()).await;
+            }
+            respond::unavailable(why, shared.gate(), version, rejecting)
+        }
+        Admission::Admitted(in_flight) => {
+            super::forward::forward(req, in_flight, &shared, &clients, peer, slot).await
+        }
+    }
+}
+
+/// Yields when the gate reaches `at` after this receiver last looked (a gate
+/// already there when the connection came does not count: a new connection is
+/// served, and answered as the gate says).
+async fn gate_reaches(gate: &mut watch::Receiver<Gate>, at: Gate) {
+    while gate.changed().await.is_ok() {
+        if *gate.borrow_and_update() >= at {
+            return;
+        }
+    }
+}
+
+/// One client connection: HTTP/2 when it opens with the preface (prior
+/// knowledge), HTTP/1.1 otherwise.
+async fn connection(
+    mut tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    clients: Arc<Clients>,
+    slot: Slot,
+    idle: Idle,
+) {
+    let Idle { busy, opening } = idle;
+    let mut gate = shared.gate_tx.subscribe();
+    let unanswered = Arc::new(Unanswered::new(shared.clone()));
+    // The head timeout counts from the connection's start, as hyper's does for
+    // HTTP/1. At the forward, a connection that has sent nothing gets
+    // OPENING_GRACE to send its request (it may be on its way), then goes as idle.
+    let first = {
+        let sniffing = tokio::time::timeout(HEAD_TIMEOUT, sniff(&mut tcp));
+        tokio::pin!(sniffing);
+        // Nothing there at the first read: no request on its way yet, so the
+        // connection is idle as far as the cap goes.
+        let first_read = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(sniffing.as_mut(), cx))
+        })
+        .await;
+        if let std::task::Poll::Ready(r) = first_read {
+            r
+        } else {
+            opening.store(false, SeqCst);
+            tokio::select! {
+                r = &mut sniffing => r,
+                () = gate_reaches(&mut gate, Gate::Forwarded) => {
+                    match tokio::time::timeout(OPENING_GRACE, &mut sniffing).await {
+                        Ok(r) => r,
+                        Err(_) => return,
+                    }
+                }
+            }
+        }
+    };
+    let (h2, pre) = match first {
+        Ok(Ok(Some(first))) => first,
+        // Nothing sent within the head timeout: an idle pre-opened connection
+        // (load balancers and browsers open them ahead), not a malformed request.
+        Ok(Ok(None) | Err(_)) | Err(_) => return,
+    };
+    let unflushed = (!h2).then(|| Arc::new(Unflushed::default()));
+    let io = TokioIo::new(Rewind::new(
+        Bytes::from(pre),
+        tcp,
+        unflushed.clone(),
+        Some(slot.clone()),
+    ));
+    let watched = unflushed.clone();
+    // The client's address as X-Forwarded-For and Forwarded want it, once per
+    // connection.
+    let peer_ip = Peer::new(peer);
+    let first = unanswered.clone();
+    let resets = h2.then(|| Arc::new(Resets::default()));
+    let counted = resets.clone();
+    let serving = shared.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let (peer_ip, slot, unflushed) = (peer_ip.clone(), slot.clone(), unflushed.clone());
+        let (shared, clients) = (serving.clone(), clients.clone());
+        // Only the first response needs to say so (no clone after it).
+        let unanswered = (!unanswered.is_answered()).then(|| unanswered.clone());
+        let opened = counted.as_ref().map(|r| Opened::new(r.clone()));
+        let busy = Busy::new(&busy);
+        // Its first request came: no longer opening (busy counted first, so
+        // the cap never sees it idle in between).
+        opening.store(false, SeqCst);
+        async move {
+            let mut resp = handle(req, peer_ip, shared, clients, slot).await;
+            resp.body_mut().unflushed = unflushed;
+            resp.body_mut().busy = Some(busy);
+            if let Some(u) = unanswered {
+                u.answered();
+            }
+            if let Some(o) = opened {
+                o.answered();
+            }
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    if let Some(resets) = resets {
+        serve_h2(io, service, gate, &shared, &resets, peer).await;
+    } else if let Some(watched) = watched {
+        serve_h1(io, service, gate, &shared, &first, &watched).await;
+    }
+}
+
+/// A client connection counted in [`Shared::unanswered`] until its first
+/// response is ready or it ends: [`super::Proxy::stop`] waits a moment for those
+/// after a forward.
+struct Unanswered {
+    shared: Arc<Shared>,
+    done: AtomicBool,
+}
+
+impl Unanswered {
+    fn new(shared: Arc<Shared>) -> Unanswered {
+        shared.unanswered.fetch_add(1, SeqCst);
+        Unanswered {
+            shared,
+            done: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether its first response is ready.
+    fn is_answered(&self) -> bool {
+        self.done.load(Relaxed)
+    }
+
+    /// Its first response is ready (idempotent).
+    fn answered(&self) {
+        if !self.done.swap(true, Relaxed) {
+            self.shared.unanswered.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.answered();
+    }
+}
+
+/// HTTP/1.1 until the connection closes, or until the gate says idle
+/// connections go (the forward). A connection whose first request has not
+/// been answered yet is not idle: its bytes came (that is how it got here), so
+/// it is served (drainit's 503, `Connection: close`) and closes after.
+async fn serve_h1<S>(
+    io: TokioIo<Rewind>,
+    service: S,
+    mut gate: watch::Receiver<Gate>,
+    shared: &Shared,
+    first: &Unanswered,
+    unflushed: &Unflushed,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .serve_connection(io, service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r
+                    && (e.is_parse() || e.is_parse_too_large())
+                {
+                    shared.ledger.malformed();
+                }
+                return;
+            }
+            () = gate_reaches(&mut gate, Gate::Forwarded), if !closing => {
+                closing = true;
+                // Finishes the request in progress, if any; closes an idle one.
+                if first.is_answered() {
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            // The responses flushed are `completed` once the client has them.
+            () = unflushed.watch() => {}
+        }
+    }
+}
+
+/// HTTP/2 (prior knowledge) until the connection closes. At beat 3 hyper's
+/// graceful shutdown: GOAWAY with the last stream id 2^31-1 and a PING, then,
+/// once the PING comes back, GOAWAY with the last stream id received
+/// (RFC 9113 §6.8): the streams already open finish; a stream the client
+/// opens after that is ignored, and the client knows from the last id that it
+/// was never processed (safe to retry). A connection that opens after beat 3
+/// gets the GOAWAY at once; the requests it sent meanwhile get drainit's 503.
+///
+/// A client that cancels most of its streams as soon as it opens them (the
+/// rapid reset of CVE-2023-44487, paced so that h2's own guard, which counts
+/// only streams reset before they are taken up, never trips) has its
+/// connection closed once it has canceled [`PREMATURE_RESETS_MAX`] streams within
+/// [`PREMATURE_RESET`] of opening them and they are more than half of its
+/// streams: each went on to the app, on an HTTP/2 connection other clients
+/// share, and the app's own guard could close that connection for them all.
+/// A client has at most [`CLIENT_STREAMS_MAX`] streams open at once.
+async fn serve_h2<S>(
+    io: TokioIo<Rewind>,
+    service: S,
+    mut gate: watch::Receiver<Gate>,
+    shared: &Shared,
+    resets: &Resets,
+    peer: SocketAddr,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = ProxyBody> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(CLIENT_STREAMS_MAX)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing = shared.gate() >= Gate::Closed;
+    if closing {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    log::debug!("proxy: HTTP/2 connection ended: {e}");
+                }
+                return;
+            }
+            () = gate_reaches(&mut gate, Gate::Closed), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = resets.tripped.notified() => {
+                log::warn!(
+                    "proxy: HTTP/2 client {peer} canceled {} of its {} streams within {} of opening them (rapid reset): its connection is closed",
+                    resets.premature.load(Relaxed),
+                    resets.streams.load(Relaxed),
+                    crate::util::fmt_ms(PREMATURE_RESET),
+                );
+                // Closed at once, not with a graceful GOAWAY: that waits for a
+                // PING's answer, which such a client need not send.
+                return;
+            }
+        }
+    }
+}
+
+/// One HTTP/2 client connection's streams, and those of them it canceled
+/// prematurely (within [`PREMATURE_RESET`] of opening them, before drainit
+/// answered).
+#[derive(Default)]
+struct Resets {
+    streams: std::sync::atomic::AtomicU32,
+    premature: std::sync::atomic::AtomicU32,
+    /// Notified once the connection is over the limit ([`serve_h2`]).
+    tripped: tokio::sync::Notify,
+}
+
+/// One stream of an HTTP/2 client connection until drainit answers it:
+/// dropped unanswered (the client reset it) within [`PREMATURE_RESET`], a
+/// premature reset.
+struct Opened {
+    resets: Arc<Resets>,
+    at: Instant,
+    answered: bool,
+}
+
+impl Opened {
+    fn new(resets: Arc<Resets>) -> Opened {
+        resets.streams.fetch_add(1, Relaxed);
+        Opened {
+            resets,
+            at: Instant::now(),
+            answered: false,
+        }
+    }
+
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if self.answered || self.at.elapsed() >= PREMATURE_RESET {
+            return;
+        }
+        let premature = self.resets.premature.fetch_add(1, Relaxed) + 1;
+        if premature >= PREMATURE_RESETS_MAX
+            && premature.saturating_mul(2) > self.resets.streams.load(Relaxed)
+        {
+            self.resets.tripped.notify_one();
+        }
+    }
+}
