@@ -549,3 +549,44 @@ fn a_response_the_client_reset_before_acknowledging_is_never_completed() {
         let _ = code;
     }
 }
+
+/// A client that resets the connection as soon as it has read a response whole,
+/// as HAProxy closes each server connection it closes first (`SO_LINGER` 0),
+/// never sends the acknowledgement its kernel was delaying: the response
+/// reached it, and the report counts it `completed`, every time (as PID 1
+/// too). Two keep-alive exchanges come first on each connection, so that the
+/// client's kernel delays its ACKs as it does on a busy keep-alive connection.
+/// (`drainit-gate drill --router haproxy` counted one such response in four
+/// runs `canceled`.)
+#[test]
+fn a_client_that_resets_right_after_reading_a_whole_response_has_it_completed() {
+    const CONNECTIONS: usize = 20;
+    const EACH: usize = 3;
+    for mode in BOTH {
+        let e = Edge::start_in(mode, "0s");
+        for _ in 0..CONNECTIONS {
+            let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+            s.set_nodelay(true).unwrap();
+            for _ in 0..EACH {
+                s.write_all(b"GET /bytes?n=100 HTTP/1.1\r\nHost: a\r\n\r\n")
+                    .unwrap();
+                let got = read_until(&mut s, &"b".repeat(100));
+                assert!(got.starts_with("HTTP/1.1 200"), "{mode:?}: {got}");
+            }
+            nix::sys::socket::setsockopt(
+                &s,
+                nix::sys::socket::sockopt::Linger,
+                &libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
+            )
+            .unwrap();
+            drop(s);
+        }
+        let (code, req) = e.drain();
+        assert_eq!(req["completed"], CONNECTIONS * EACH, "{mode:?}: {req}");
+        assert_eq!(req["canceled"], 0, "{mode:?}: {req}");
+        assert_eq!(code, 0, "{mode:?}: {req}");
+    }
+}

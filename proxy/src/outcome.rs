@@ -17,7 +17,7 @@
 //! ([`unacked`], the kernel's count), its connection meanwhile [`Busy`].
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -96,6 +96,18 @@ impl Drop for InFlight {
 ///    offset where it ends, until the kernel's count of unacknowledged bytes
 ///    (`SIOCOUTQ`, tcp(7)) says the client has everything up to it.
 ///
+/// A client that resets the connection without closing its side first, right
+/// after reading a response, never sends the acknowledgement it was delaying
+/// (a delayed ACK waits up to 40 ms; the reset carries an acknowledgement the
+/// kernel does not read, RFC 9293 §3.10.7.4): HAProxy closes every server
+/// connection it closes first this way (`SO_LINGER` 0). So once the client
+/// reset it, a response is also `completed` when every byte of it was
+/// transmitted (none left in the kernel's queue, `tcpi_notsent_bytes`) and
+/// none had to be sent again (`tcpi_total_retrans`): the kernel discarded
+/// nothing of it. A client that closed its side first (a read found its end)
+/// and then reset did not read what came after; a response the kernel still
+/// held when the reset came lost those bytes: both stay `canceled`.
+///
 /// Checked by the connection's [`Unflushed::watch`] while something waits
 /// (from 1 ms after the flush), at a flush of a later response, and by the
 /// lingering close ([`super::socket::Rewind`]'s
@@ -114,7 +126,17 @@ pub(super) struct Unflushed {
     /// Told when a flush leaves responses waiting for the client's
     /// acknowledgement ([`Unflushed::watch`]).
     sent: tokio::sync::Notify,
+    /// What the client did to the connection first: [`PEER_OPEN`],
+    /// [`PEER_CLOSED`] or [`PEER_RESET`].
+    peer: AtomicU8,
 }
+
+/// The client has neither closed nor reset the connection (yet).
+const PEER_OPEN: u8 = 0;
+/// The client closed its side first (a read found the end of its bytes).
+const PEER_CLOSED: u8 = 1;
+/// The client reset the connection without closing its side first.
+const PEER_RESET: u8 = 2;
 
 /// A request waiting in [`Unflushed`], and its place in its connection's
 /// count of requests being answered (the connection is not idle meanwhile).
@@ -143,6 +165,21 @@ impl Unflushed {
     pub(super) fn push(&self, request: InFlight, busy: Option<Busy>) {
         self.lock().taken.push((request, busy));
         self.any.store(true, SeqCst);
+    }
+
+    /// A read found the end of the client's bytes: it closed its side.
+    pub(super) fn closed_by_peer(&self) {
+        let _ = self
+            .peer
+            .compare_exchange(PEER_OPEN, PEER_CLOSED, SeqCst, SeqCst);
+    }
+
+    /// A read or a write failed with `ECONNRESET`: the client reset the
+    /// connection (counted only if it had not closed its side before).
+    pub(super) fn reset_by_peer(&self) {
+        let _ = self
+            .peer
+            .compare_exchange(PEER_OPEN, PEER_RESET, SeqCst, SeqCst);
     }
 
     /// `n` more bytes were written to the client's socket.
@@ -190,10 +227,22 @@ impl Unflushed {
         if p.sent.is_empty() {
             return true;
         }
-        let Some(unacked) = p.socket.and_then(unacked) else {
+        let Some(fd) = p.socket else {
             return false;
         };
-        let acked = self.written.load(SeqCst).saturating_sub(unacked);
+        let Some(unacked) = unacked(fd) else {
+            return false;
+        };
+        let written = self.written.load(SeqCst);
+        let mut acked = written.saturating_sub(unacked);
+        if self.peer.load(SeqCst) == PEER_RESET
+            && let Some(unsent) = unsent_if_never_resent(fd)
+        {
+            // Reset right after reading, without the delayed ACK: what the
+            // kernel transmitted once and did not discard reached it (see
+            // the type's doc).
+            acked = acked.max(written.saturating_sub(unsent));
+        }
         while p.sent.front().is_some_and(|(end, _)| *end <= acked) {
             if let Some((_, (request, _))) = p.sent.pop_front() {
                 request.record(Outcome::Completed);
@@ -270,6 +319,33 @@ pub(super) fn unacked(fd: RawFd) -> Option<u64> {
     // through the pointer, which points to `n`; the caller keeps `fd` open.
     let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut n) };
     (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+/// The bytes the kernel holds for a connection that it has not transmitted
+/// yet (`tcpi_notsent_bytes` of `TCP_INFO`, tcp(7), Linux 4.6), when none of
+/// the connection's segments had to be retransmitted (`tcpi_total_retrans`
+/// 0); `None` when one had, or the kernel does not say. The counts outlive a
+/// reset. `fd` must be an open TCP socket.
+#[allow(unsafe_code)]
+fn unsent_if_never_resent(fd: RawFd) -> Option<u64> {
+    // SAFETY: an all-zero tcp_info is a valid value (integers only).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;
+    // SAFETY: getsockopt(2) TCP_INFO writes at most `len` bytes to `info`,
+    // which is that large; the caller keeps `fd` open.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &raw mut len,
+        )
+    };
+    // A kernel older than 4.6 writes less and has no `tcpi_notsent_bytes`.
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + 4;
+    (rc == 0 && usize::try_from(len).is_ok_and(|l| l >= needed) && info.tcpi_total_retrans == 0)
+        .then_some(u64::from(info.tcpi_notsent_bytes))
 }
 
 /// The longest wait between two checks for a client's acknowledgement

@@ -160,7 +160,30 @@ impl tokio::io::AsyncRead for Rewind {
             buf.put_slice(&head);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if let Some(u) = &self.unflushed {
+            match &r {
+                Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
+                    u.closed_by_peer();
+                }
+                Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    u.reset_by_peer();
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+}
+
+/// Tells `unflushed` that a write failed with `ECONNRESET`: the client reset
+/// the connection.
+fn note_reset<T>(r: &Poll<std::io::Result<T>>, unflushed: Option<&Unflushed>) {
+    if let (Poll::Ready(Err(e)), Some(u)) = (r, unflushed)
+        && e.kind() == std::io::ErrorKind::ConnectionReset
+    {
+        u.reset_by_peer();
     }
 }
 
@@ -174,6 +197,7 @@ impl tokio::io::AsyncWrite for Rewind {
         if let (Poll::Ready(Ok(n)), Some(u)) = (&r, &self.unflushed) {
             u.wrote(*n);
         }
+        note_reset(&r, self.unflushed.as_deref());
         r
     }
 
@@ -186,6 +210,7 @@ impl tokio::io::AsyncWrite for Rewind {
         if let (Poll::Ready(Ok(n)), Some(u)) = (&r, &self.unflushed) {
             u.wrote(*n);
         }
+        note_reset(&r, self.unflushed.as_deref());
         r
     }
 
@@ -274,10 +299,20 @@ async fn linger(tcp: std::net::TcpStream, unflushed: Option<Arc<Unflushed>>) {
         // the socket failed).
         let drained = loop {
             match tcp.try_read(&mut discard) {
-                Ok(0) => break None,
+                Ok(0) => {
+                    if let Some(u) = &unflushed {
+                        u.closed_by_peer();
+                    }
+                    break None;
+                }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Some(()),
-                Err(_) => break None,
+                Err(e) => {
+                    if let (Some(u), std::io::ErrorKind::ConnectionReset) = (&unflushed, e.kind()) {
+                        u.reset_by_peer();
+                    }
+                    break None;
+                }
             }
         };
         let delivered = unflushed.as_ref().is_none_or(|u| u.deliver());
