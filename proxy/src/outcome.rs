@@ -14,7 +14,7 @@
 //! An HTTP/1 response taken whole by hyper is `completed` only once it is out
 //! of drainit's buffers: its guard waits in the connection's [`Unflushed`]
 //! until hyper's next successful flush and the client's acknowledgement
-//! ([`unacked`], the kernel's count), its connection meanwhile [`Busy`].
+//! (the kernel's count, `TCP_INFO`), its connection meanwhile [`Busy`].
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
@@ -93,8 +93,9 @@ impl Drop for InFlight {
 /// 2. Flushed, its bytes are in the kernel's send queue, not yet the client's:
 ///    a connection closed with unread input is reset, and the kernel discards
 ///    what it had not sent (RFC 9112 §9.6). So the response waits, at the byte
-///    offset where it ends, until the kernel's count of unacknowledged bytes
-///    (`SIOCOUTQ`, tcp(7)) says the client has everything up to it.
+///    offset where it ends, until the kernel's count of acknowledged bytes
+///    (`tcpi_bytes_acked` of `TCP_INFO`, tcp(7)) says the client has
+///    everything up to it.
 ///
 /// A client that resets the connection without closing its side first, right
 /// after reading a response, never sends the acknowledgement it was delaying
@@ -103,10 +104,17 @@ impl Drop for InFlight {
 /// connection it closes first this way (`SO_LINGER` 0). So once the client
 /// reset it, a response is also `completed` when every byte of it was
 /// transmitted (none left in the kernel's queue, `tcpi_notsent_bytes`) and
-/// none had to be sent again (`tcpi_total_retrans`): the kernel discarded
-/// nothing of it. A client that closed its side first (a read found its end)
-/// and then reset did not read what came after; a response the kernel still
-/// held when the reset came lost those bytes: both stay `canceled`.
+/// none of the bytes outstanding may have been retransmitted (each of the
+/// connection's retransmissions, `tcpi_total_retrans`, is of bytes written
+/// before the check that first saw it; once the client acknowledged those,
+/// it concerns none outstanding: [`Resent`]): the kernel discarded nothing
+/// of it. A
+/// client that closed its side first (a read found its end) and then reset
+/// did not read what came after; a response the kernel still held when the
+/// reset came lost those bytes: both stay `canceled`. The limit: a last
+/// segment lost in the network looks transmitted until the kernel's
+/// retransmission timer says otherwise (200 ms at least), so a client that
+/// resets within that time after such a loss counts `completed`.
 ///
 /// Checked by the connection's [`Unflushed::watch`] while something waits
 /// (from 1 ms after the flush), at a flush of a later response, and by the
@@ -153,6 +161,42 @@ struct Pending {
     /// this is `Some` (the socket's owner clears it, under the lock, before
     /// closing it).
     socket: Option<RawFd>,
+    /// Which of the connection's retransmissions may be of bytes the client
+    /// has not acknowledged.
+    resent: Resent,
+}
+
+/// The connection's retransmitted segments (`tcpi_total_retrans`) sorted by
+/// whether they may be of bytes still unacknowledged, from the counts seen at
+/// each check: a retransmission first seen when `written` bytes had been
+/// written is of some of those bytes, so once the client acknowledged that
+/// many it concerns none outstanding.
+#[derive(Default)]
+struct Resent {
+    /// Retransmissions all of whose bytes the client acknowledged since.
+    settled: u32,
+    /// The count first seen above `settled`, and the bytes written then.
+    pending: Option<(u32, u64)>,
+}
+
+impl Resent {
+    /// A check found `total` retransmissions so far, `written` bytes written
+    /// and `acked` acknowledged: true when none may be of the bytes
+    /// outstanding.
+    fn update(&mut self, total: u32, written: u64, acked: u64) -> bool {
+        if total != self.settled {
+            if self.pending.is_none_or(|(n, _)| n != total) {
+                self.pending = Some((total, written));
+            }
+            if let Some((n, high)) = self.pending
+                && acked >= high
+            {
+                self.settled = n;
+                self.pending = None;
+            }
+        }
+        total == self.settled
+    }
 }
 
 impl Unflushed {
@@ -200,7 +244,7 @@ impl Unflushed {
     ///
     /// Not checked at every flush: hyper flushes each time its connection is
     /// polled, and a response just written is not acknowledged yet (a client's
-    /// ACK takes a round trip), so each check then was a `SIOCOUTQ` call that
+    /// ACK takes a round trip), so each check then was a `TCP_INFO` call that
     /// found nothing, three or four per request.
     pub(super) fn flushed(&self) {
         if !self.any.swap(false, SeqCst) {
@@ -230,18 +274,25 @@ impl Unflushed {
         let Some(fd) = p.socket else {
             return false;
         };
-        let Some(unacked) = unacked(fd) else {
+        let written = self.written.load(SeqCst);
+        // A kernel older than 4.2 has no `tcpi_bytes_acked`: `SIOCOUTQ`.
+        let Some(q) = queues(fd).or_else(|| {
+            unacked(fd).map(|u| Queues {
+                acked: written.saturating_sub(u),
+                sent: None,
+            })
+        }) else {
             return false;
         };
-        let written = self.written.load(SeqCst);
-        let mut acked = written.saturating_sub(unacked);
-        if self.peer.load(SeqCst) == PEER_RESET
-            && let Some(unsent) = unsent_if_never_resent(fd)
-        {
-            // Reset right after reading, without the delayed ACK: what the
-            // kernel transmitted once and did not discard reached it (see
-            // the type's doc).
-            acked = acked.max(written.saturating_sub(unsent));
+        let mut acked = q.acked.min(written);
+        if let Some(t) = q.sent {
+            let resent_none = p.resent.update(t.resent, written, acked);
+            if resent_none && self.peer.load(SeqCst) == PEER_RESET {
+                // Reset right after reading, without the delayed ACK: what
+                // the kernel transmitted and never sent again reached it (see
+                // the type's doc).
+                acked = acked.max(written.saturating_sub(t.unsent));
+            }
         }
         while p.sent.front().is_some_and(|(end, _)| *end <= acked) {
             if let Some((_, (request, _))) = p.sent.pop_front() {
@@ -321,13 +372,28 @@ pub(super) fn unacked(fd: RawFd) -> Option<u64> {
     (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
 }
 
-/// The bytes the kernel holds for a connection that it has not transmitted
-/// yet (`tcpi_notsent_bytes` of `TCP_INFO`, tcp(7), Linux 4.6), when none of
-/// the connection's segments had to be retransmitted (`tcpi_total_retrans`
-/// 0); `None` when one had, or the kernel does not say. The counts outlive a
-/// reset. `fd` must be an open TCP socket.
+/// What the kernel says of a connection's bytes ([`queues`]).
+struct Queues {
+    /// Bytes the client acknowledged (its FIN counts one).
+    acked: u64,
+    /// What was transmitted; `None` from a kernel older than 4.6.
+    sent: Option<Sent>,
+}
+
+/// What the kernel transmitted of a connection's bytes ([`queues`]).
+struct Sent {
+    /// Bytes not transmitted yet (`tcpi_notsent_bytes`).
+    unsent: u64,
+    /// Segments retransmitted so far (`tcpi_total_retrans`).
+    resent: u32,
+}
+
+/// The kernel's counts for a connection (`TCP_INFO`, tcp(7): `tcpi_bytes_acked`
+/// since Linux 4.2, `tcpi_notsent_bytes` since 4.6); `None` when the kernel
+/// does not say (older kernels: [`unacked`]). The counts outlive a reset.
+/// `fd` must be an open TCP socket.
 #[allow(unsafe_code)]
-fn unsent_if_never_resent(fd: RawFd) -> Option<u64> {
+fn queues(fd: RawFd) -> Option<Queues> {
     // SAFETY: an all-zero tcp_info is a valid value (integers only).
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;
@@ -342,10 +408,22 @@ fn unsent_if_never_resent(fd: RawFd) -> Option<u64> {
             &raw mut len,
         )
     };
-    // A kernel older than 4.6 writes less and has no `tcpi_notsent_bytes`.
-    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + 4;
-    (rc == 0 && usize::try_from(len).is_ok_and(|l| l >= needed) && info.tcpi_total_retrans == 0)
-        .then_some(u64::from(info.tcpi_notsent_bytes))
+    if rc != 0 {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?;
+    let has = |end: usize| len >= end;
+    if !has(std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8) {
+        return None;
+    }
+    let sent = has(std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + 4).then(|| Sent {
+        unsent: u64::from(info.tcpi_notsent_bytes),
+        resent: info.tcpi_total_retrans,
+    });
+    Some(Queues {
+        acked: info.tcpi_bytes_acked,
+        sent,
+    })
 }
 
 /// The longest wait between two checks for a client's acknowledgement
@@ -432,5 +510,33 @@ mod tests {
         u.give_up();
         let t = s.ledger.totals();
         assert_eq!((t.completed, t.canceled, t.in_flight), (1, 2, 0));
+    }
+
+    /// A retransmission counts against the bytes outstanding until the client
+    /// acknowledged every byte written before the check that first saw it.
+    #[test]
+    fn a_retransmission_concerns_the_bytes_outstanding_until_those_written_before_it_are_acknowledged()
+     {
+        let mut r = Resent::default();
+        // (total retransmissions, written, acknowledged) → none outstanding?
+        let steps = [
+            ((0, 100, 50), true),
+            // First seen with 200 written: of some of those 200.
+            ((1, 200, 100), false),
+            ((1, 300, 150), false),
+            // All 200 acknowledged: settled, though 300 are not.
+            ((1, 300, 200), true),
+            ((1, 400, 300), true),
+            // Another, first seen with 400 written; the reset comes first.
+            ((2, 400, 300), false),
+            ((2, 400, 300), false),
+        ];
+        for ((total, written, acked), none) in steps {
+            assert_eq!(
+                r.update(total, written, acked),
+                none,
+                "{total} {written} {acked}"
+            );
+        }
     }
 }
