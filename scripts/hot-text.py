@@ -27,7 +27,8 @@ in that order (what an idle init runs first, so that it keeps only that resident
 and every read-only input section touched one of `.rodata.drainit.hot`; GNU ld and
 lld insert them before `.text` and `.rodata` (build.rs passes the script for musl
 targets). The code the child runs between `clone` and `execve` (spawn.rs's
-`exec_child`: valgrind does not follow it) is named by hand.
+`exec_child`: valgrind does not follow it) and musl's vDSO look-up (valgrind
+maps no vDSO) are named by hand, with what they call.
 
 The text patterns drop the parts of a symbol name that change from build to build
 (legacy `17h<hash>E`, v0 crate disambiguators `Cs<hash>_`, LLVM's `.NNN` clone
@@ -174,14 +175,16 @@ def containing(ranges, addresses):
     return hit
 
 
-def rodata_sections(link_map):
-    """`(start, end, name, file)` of every read-only input section in the link map
-    (GNU ld's format: the name, then address, size and file, on one line or two)."""
+def input_sections(link_map, prefix):
+    """`(start, end, name, file)` of every input section named `prefix…` in the
+    link map (GNU ld's format: the name, then address, size and file, on one line
+    or two)."""
     out = []
     with open(link_map, errors="replace") as f:
         lines = f.read().splitlines()
+    head = re.compile(r"^ (" + re.escape(prefix) + r"\S*)(?:\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s+(\S+))?\s*$")
     for i, line in enumerate(lines):
-        m = re.match(r"^ (\.rodata\S*)(?:\s+0x([0-9a-f]+)\s+0x([0-9a-f]+)\s+(\S+))?\s*$", line)
+        m = head.match(line)
         if not m:
             continue
         if m.group(2):
@@ -195,6 +198,17 @@ def rodata_sections(link_map):
         if at and size:
             out.append((at, at + size, m.group(1), path))
     return sorted(out)
+
+
+def libc_members(link_map):
+    """`(start, end, member)` of musl's code, one `.text` per object of libc.a
+    (not built with a section per function)."""
+    out = []
+    for at, end, _, path in input_sections(link_map, ".text"):
+        m = re.search(r"libc\.a\((.+)\)$", path)
+        if m:
+            out.append((at, end, m.group(1)))
+    return out
 
 
 def rodata_pattern(name, path):
@@ -211,9 +225,39 @@ def rodata_pattern(name, path):
     return f"*({name})"
 
 
-# Functions only the child runs, between `clone` and `execve` (spawn.rs): valgrind
-# does not follow a CLONE_VM child, and they run at every start.
-CHILD = re.compile(r"^_ZN7drainit5spawn\d+(exec_child|switch_ids|fill_listen_pid)")
+def reached(binary, roots, stops):
+    """The start addresses of the functions `roots` (start addresses) call,
+    directly or through others, themselves included: the calls and jumps
+    `objdump -d` shows (not the indirect ones), not through `stops` (the
+    failure paths: they do not run at a start that works)."""
+    dump = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", binary], capture_output=True, text=True, check=True
+    )
+    calls, current = {}, None
+    for line in dump.stdout.splitlines():
+        m = re.match(r"^([0-9a-f]+) <.*>:$", line)
+        if m:
+            current = int(m.group(1), 16)
+            calls[current] = set()
+            continue
+        m = re.match(r"^\s+[0-9a-f]+:\s+(?:call|jmp|j[a-z]+)\s+([0-9a-f]+) <", line)
+        if m and current is not None:
+            calls[current].add(int(m.group(1), 16))
+    seen, todo = set(), list(roots)
+    while todo:
+        at = todo.pop()
+        if at not in seen and at not in stops:
+            seen.add(at)
+            todo.extend(calls.get(at, ()))
+    return seen
+
+
+# Code that runs at every start but not under valgrind: the child's side of spawn,
+# between `clone` and `execve` (spawn.rs; valgrind does not follow a CLONE_VM
+# child), and musl's look-up of clock_gettime in the vDSO (valgrind maps none).
+UNSEEN = re.compile(r"^_ZN7drainit5spawn\d+(exec_child|switch_ids|fill_listen_pid)|^__vdsosym$")
+# What the child calls only when it fails (exit 127), and where a failure goes.
+FAILING = re.compile(r"abort|assert|panic|fail|unwrap|expect|[Uu]nwind|unw_|[Ee]rror")
 
 
 def scenarios(binary, work):
@@ -319,7 +363,8 @@ def main():
     binary = os.environ.get("DRAINIT_HOT_TEXT_BIN") or build()
     link_map = os.environ.get("DRAINIT_HOT_TEXT_MAP", MAP)
     functions = text_symbols(binary)
-    sections = rodata_sections(link_map)
+    sections = input_sections(link_map, ".rodata")
+    members = libc_members(link_map)
     # One group of patterns per scenario, in the scenarios' order, each without
     # what an earlier one has: the code an idle init ran to start (without probes,
     # with them, asked), then what a whole life, a drain and a deadline add. Idle,
@@ -331,7 +376,7 @@ def main():
     for at, _, all_names in functions:
         for name in all_names:
             aliases[name] = all_names
-    pats, seen, names = [], set(), set()
+    pats, seen, names, libc = [], set(), set(), set()
     data_pats, data_seen = [], set()
 
     def add(group):
@@ -341,12 +386,17 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="drainit-hot-text.") as work:
         for n, (code, data) in enumerate(idle_lives(binary, work)):
+            if n == 0:
+                # That code and all it calls (musl's execvpe and the rest).
+                roots = [at for at, _, all_names in functions if any(UNSEEN.search(x) for x in all_names)]
+                stops = {at for at, _, all_names in functions if any(FAILING.search(x) for x in all_names)}
+                code = code | reached(binary, roots, stops)
             group = set()
             for i in containing(functions, code):
                 names.update(functions[i][2])
                 group.update(pattern(name) for name in functions[i][2])
-            if n == 0:
-                group.update(pattern(name) for name in aliases if CHILD.match(name))
+            # musl's objects, whole, those start-up runs first.
+            libc.update(members[i][2] for i in containing(members, code))
             add(group)
             # The read-only data in the order the binary has it (a table next to
             # the function that reads it, a crate's constants together).
@@ -374,11 +424,14 @@ def main():
             "   targets. */\n"
             "SECTIONS\n{\n  .text.drainit.hot :\n  {\n"
             "    *rcrt1.o(.text .text.*)\n    *crt1.o(.text .text.*)\n"
-            "    *libc.a:(.text .text.*)\n"
         )
+        for member in sorted(libc):
+            f.write(f"    *libc.a:{member}(.text .text.*)\n")
         for p in pats:
             # `.text.unlikely.`: functions marked cold (std's slow paths).
             f.write(f"    *(.text.{p} .text.unlikely.{p})\n")
+        # The rest of musl: callgrind names its functions, not their objects.
+        f.write("    *libc.a:(.text .text.*)\n")
         f.write("  }\n}\nINSERT BEFORE .text;\n")
         f.write("SECTIONS\n{\n  .rodata.drainit.hot :\n  {\n")
         for p in data_pats:
