@@ -42,7 +42,7 @@ ordinary `.rodata` (more resident memory, never a failure). Regenerate it after 
 dependency or toolchain update, and after a change to what start-up runs.
 
 Needs: valgrind, the x86_64-unknown-linux-musl target, GNU ld (the link map is
-read in its format), sleep and sh. Takes ~4 min.
+read in its format), objdump, sleep and sh. Takes ~2 min.
 """
 
 import bisect
