@@ -379,9 +379,20 @@ def main():
     pats, seen, names, libc = [], set(), set(), set()
     data_pats, data_seen = [], set()
 
-    def add(group):
+    # The bytes each pattern places: every function whose name it matches (one
+    # generic function's instances share a pattern, the hash being dropped).
+    placed = {}
+    for at, end, all_names in functions:
+        for p in {pattern(name) for name in all_names}:
+            placed[p] = placed.get(p, 0) + end - at
+
+    def add(group, ran=None):
+        """`ran`: the bytes of each pattern the group ran. A pattern that places
+        more than that (other instances of a generic function) goes after those
+        that place only what ran, so that what the group runs stays together."""
         nonlocal pats, seen
-        pats += sorted(group - seen)
+        waste = (lambda p: max(placed.get(p, 0) - ran.get(p, 0), 0)) if ran else (lambda p: 0)
+        pats += sorted(group - seen, key=lambda p: (waste(p), p))
         seen |= group
 
     with tempfile.TemporaryDirectory(prefix="drainit-hot-text.") as work:
@@ -391,13 +402,16 @@ def main():
                 roots = [at for at, _, all_names in functions if any(UNSEEN.search(x) for x in all_names)]
                 stops = {at for at, _, all_names in functions if any(FAILING.search(x) for x in all_names)}
                 code = code | reached(binary, roots, stops)
-            group = set()
+            group, ran = set(), {}
             for i in containing(functions, code):
                 names.update(functions[i][2])
-                group.update(pattern(name) for name in functions[i][2])
+                at, end, all_names = functions[i]
+                for p in {pattern(name) for name in all_names}:
+                    group.add(p)
+                    ran[p] = ran.get(p, 0) + end - at
             # musl's objects, whole, those start-up runs first.
             libc.update(members[i][2] for i in containing(members, code))
-            add(group)
+            add(group, ran)
             # The read-only data in the order the binary has it (a table next to
             # the function that reads it, a crate's constants together).
             for i in sorted(containing(sections, data)):
