@@ -23,12 +23,14 @@ asked; every instruction and every read-only datum it touched meanwhile names a
 function, and an input section of the link map. Then the whole lives under
 `--tool=callgrind --demangle=no`: a start, probes asked, a drain, a deadline. Every
 function seen becomes one input-section pattern of the `.text.drainit.hot` section,
-in that order (what an idle init runs first, so that it keeps only that resident),
-and every read-only input section touched one of `.rodata.drainit.hot`; GNU ld and
-lld insert them before `.text` and `.rodata` (build.rs passes the script for musl
-targets). The code the child runs between `clone` and `execve` (spawn.rs's
-`exec_child`: valgrind does not follow it) and musl's vDSO look-up (valgrind
-maps no vDSO) are named by hand, with what they call.
+in that order (what an idle init runs first, so that it keeps only that resident;
+inside an idle group, a pattern that also places other instances of a generic
+function comes last; musl's objects an idle init runs first of all, the rest of
+musl last), and every read-only input section touched one of `.rodata.drainit.hot`.
+GNU ld and lld insert the first before `.text` and the second after `.rodata`
+(build.rs passes the script for musl targets). The code the child runs between
+`clone` and `execve` (spawn.rs's `exec_child`: valgrind does not follow it) and
+musl's vDSO look-up (valgrind maps no vDSO) are named by hand, with what they call.
 
 The text patterns drop the parts of a symbol name that change from build to build
 (legacy `17h<hash>E`, v0 crate disambiguators `Cs<hash>_`, LLVM's `.NNN` clone
