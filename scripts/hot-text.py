@@ -140,6 +140,12 @@ def lackey_idle(log, argv, paths=()):
             time.sleep(2)
         size = os.path.getsize(log)
     finally:
+        # Its child too: killed with drainit, it would stay, an orphan.
+        for child in children_of(p.pid):
+            try:
+                os.kill(int(child), signal.SIGKILL)
+            except OSError:
+                pass
         p.kill()
         p.wait()
     code, data = set(), set()
