@@ -278,36 +278,7 @@ impl Conn {
     /// the connect so the window is small from the start): what the client has
     /// not read stays on drainit's side, as for a client on a slow link.
     fn open_small_window(port: u16) -> Conn {
-        use std::os::fd::FromRawFd;
-        // SAFETY: a new socket of our own, its descriptor handed to the
-        // TcpStream that owns and closes it.
-        let s = unsafe {
-            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-            assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
-            let size: libc::c_int = 4096;
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&raw const size).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-            let addr = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: port.to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            let r = libc::connect(
-                fd,
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            );
-            assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
-            TcpStream::from_raw_fd(fd)
-        };
+        let s = connect_small(port, 4096);
         s.set_read_timeout(Some(secs(10))).unwrap();
         s.set_write_timeout(Some(secs(30))).unwrap();
         Conn { s, buf: Vec::new() }

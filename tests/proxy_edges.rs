@@ -85,6 +85,19 @@ impl Edge {
     }
 }
 
+/// Closes `s` with a reset (`SO_LINGER` 0: close(2) sends RST, not FIN).
+fn reset(s: TcpStream) {
+    nix::sys::socket::setsockopt(
+        &s,
+        nix::sys::socket::sockopt::Linger,
+        &libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        },
+    )
+    .unwrap();
+}
+
 /// Reads until EOF, a reset or 5 s; what came, lossily as text.
 fn read_to_close(s: &mut TcpStream) -> String {
     read_for(s, None)
@@ -417,39 +430,6 @@ fn pipelined_responses_of_every_ending_settle_and_the_drain_does_not_wait() {
     drop(s);
 }
 
-/// A client connected with its receive buffer set to `rcvbuf` bytes before the
-/// connect (so that the window it offers is that small from the start).
-fn connect_small(port: u16, rcvbuf: usize) -> TcpStream {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socket, sockopt};
-    use std::os::fd::AsRawFd;
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .unwrap();
-    setsockopt(&fd, sockopt::RcvBuf, &rcvbuf).unwrap();
-    let addr = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: connect(2) on our own socket with a sockaddr_in of its size.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&raw const addr).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-    TcpStream::from(fd)
-}
-
 /// RFC 9112 §9.6: during a drain (responses carry `Connection:
 /// close`) a client with an 8 KiB receive buffer pipelines a second request
 /// 30 ms after the first, while the first's 100,000-byte response is still
@@ -528,17 +508,7 @@ fn a_response_the_client_reset_before_acknowledging_is_never_completed() {
             .unwrap();
         // Long enough for the app's response to be in drainit's kernel.
         std::thread::sleep(Duration::from_millis(500));
-        // SO_LINGER 0: close(2) resets the connection.
-        nix::sys::socket::setsockopt(
-            &s,
-            nix::sys::socket::sockopt::Linger,
-            &libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            },
-        )
-        .unwrap();
-        drop(s);
+        reset(s);
         let (code, req) = e.drain();
         assert_eq!(req["completed"], 0, "{mode:?}: {req}");
         assert_eq!(
@@ -573,16 +543,7 @@ fn a_client_that_resets_right_after_reading_a_whole_response_has_it_completed() 
                 let got = read_until(&mut s, &"b".repeat(100));
                 assert!(got.starts_with("HTTP/1.1 200"), "{mode:?}: {got}");
             }
-            nix::sys::socket::setsockopt(
-                &s,
-                nix::sys::socket::sockopt::Linger,
-                &libc::linger {
-                    l_onoff: 1,
-                    l_linger: 0,
-                },
-            )
-            .unwrap();
-            drop(s);
+            reset(s);
         }
         let (code, req) = e.drain();
         assert_eq!(req["completed"], CONNECTIONS * EACH, "{mode:?}: {req}");

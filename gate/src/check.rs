@@ -50,6 +50,22 @@ pub struct Ledger {
     pub in_flight: u64,
 }
 
+impl std::fmt::Display for Ledger {
+    /// `N received, N completed, N rejected, N unknown, N abandoned, N canceled`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} received, {} completed, {} rejected, {} unknown, {} abandoned, {} canceled",
+            self.received,
+            self.completed,
+            self.rejected,
+            self.unknown,
+            self.abandoned,
+            self.canceled
+        )
+    }
+}
+
 impl Ledger {
     fn add(&mut self, o: &Ledger) {
         self.received += o.received;
@@ -256,10 +272,7 @@ pub fn text(f: &Fleet) -> String {
         }
     }
     let t = &f.total;
-    out.push_str(&format!(
-        "\nLedger: {} received, {} completed, {} rejected, {} unknown, {} abandoned, {} canceled\n",
-        t.received, t.completed, t.rejected, t.unknown, t.abandoned, t.canceled
-    ));
+    out.push_str(&format!("\nLedger: {t}\n"));
     out.push_str(if f.pass {
         "GATE PASSES: "
     } else {
@@ -278,16 +291,10 @@ pub fn replay(f: &Fleet) -> crate::page::Replay {
     for r in &f.replicas {
         reasons.push(match &r.requests {
             Some(l) => format!(
-                "{} ({}, exit {}): {} received, {} completed, {} rejected, {} unknown, {} abandoned, {} canceled",
+                "{} ({}, exit {}): {l}",
                 r.name,
                 r.state,
                 r.exit_code.map_or("-".into(), |c| c.to_string()),
-                l.received,
-                l.completed,
-                l.rejected,
-                l.unknown,
-                l.abandoned,
-                l.canceled
             ),
             None => format!("{} ({}): no request ledger", r.name, r.state),
         });

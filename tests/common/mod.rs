@@ -835,3 +835,36 @@ pub fn assert_shipped_build(bin: &str) -> String {
     assert!(hot_at < text_at, "the hot code is not first:\n{sections}");
     header
 }
+
+/// A client connected with its receive buffer set to `rcvbuf` bytes before the
+/// connect (so that the window it offers is that small from the start).
+pub fn connect_small(port: u16, rcvbuf: usize) -> std::net::TcpStream {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socket, sockopt};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    setsockopt(&fd, sockopt::RcvBuf, &rcvbuf).unwrap();
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: connect(2) on our own socket with a sockaddr_in of its size.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    std::net::TcpStream::from(fd)
+}
