@@ -6,85 +6,34 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::{assert_nothing_left, drainit, fixture, gate, marker, text};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// One GET through the proxy; the status line's code (0: no answer).
-fn get(port: u16, path: &str) -> u16 {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-Id: r-{path}\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
+use support::{Replica, assert_nothing_left, gate, http_get, marker, text};
 
 /// Runs one replica (drainit --proxy in front of the app), sends `ok` quick
 /// requests, one `/work?ms=slow_ms` in flight at the SIGTERM if asked, and returns
 /// the report file drainit wrote.
 fn replica(dir: &Path, name: &str, ok: u32, slow_ms: Option<u32>, drain_timeout: &str) -> PathBuf {
     let m = marker(&format!("check-{name}"));
-    let (app, proxy, probe) = (free_port(), free_port(), free_port());
     let report = dir.join(format!("{name}.json"));
-    let mut child = Command::new(drainit())
-        .args([
-            "--probe-addr",
-            &format!("127.0.0.1:{probe}"),
-            "--proxy",
-            &format!("127.0.0.1:{proxy}=127.0.0.1:{app}"),
-            "--ready-tcp",
-            &format!("127.0.0.1:{app}"),
-            "--report-file",
-            report.to_str().expect("utf-8"),
-            "--",
-            "python3",
-            &fixture("drillapp.py"),
-            &app.to_string(),
-        ])
-        .env("DRILL_TEST_MARKER", &m)
-        .env("DRAINIT_PRE_DRAIN_DELAY", "0")
-        .env("DRAINIT_DRAIN_TIMEOUT", drain_timeout)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("drainit starts");
-    let until = Instant::now() + Duration::from_secs(20);
-    while get(probe, "/readyz") != 200 {
-        assert!(Instant::now() < until, "the replica never got ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let r = Replica::start(
+        &m,
+        &["--report-file", report.to_str().expect("utf-8")],
+        &[("DRAINIT_DRAIN_TIMEOUT", drain_timeout)],
+    );
+    let proxy = r.proxy;
     for _ in 0..ok {
-        assert_eq!(get(proxy, "/"), 200);
+        assert_eq!(http_get(proxy, "/").0, 200);
     }
     let slow = slow_ms.map(|ms| {
-        let t = std::thread::spawn(move || get(proxy, &format!("/work?ms={ms}")));
+        let t = std::thread::spawn(move || http_get(proxy, &format!("/work?ms={ms}")));
         std::thread::sleep(Duration::from_millis(200));
         t
     });
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    r.stop();
     if let Some(t) = slow {
         let _ = t.join();
     }

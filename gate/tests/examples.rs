@@ -8,43 +8,13 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use support::{assert_nothing_left, drainit, fixture, gate, marker, text};
+use support::{Replica, assert_nothing_left, gate, http_get, marker, text};
 
 fn example(name: &str) -> String {
     std::fs::read_to_string(format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR")))
         .unwrap_or_else(|e| panic!("examples/{name}: {e}"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (code, body)
 }
 
 /// A selector in a query: metric name and its `(label, op, value)` matchers.
@@ -97,37 +67,11 @@ fn target_labels(text: &str) -> BTreeSet<String> {
 /// `/metrics` as metric name → label name → values seen.
 fn scrape() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let m = marker("examples-metrics");
-    let (app, proxy, probe) = (free_port(), free_port(), free_port());
-    let mut child = Command::new(drainit())
-        .args([
-            "--probe-addr",
-            &format!("127.0.0.1:{probe}"),
-            "--proxy",
-            &format!("127.0.0.1:{proxy}=127.0.0.1:{app}"),
-            "--ready-tcp",
-            &format!("127.0.0.1:{app}"),
-            "--",
-            "python3",
-            &fixture("drillapp.py"),
-            &app.to_string(),
-        ])
-        .env("DRILL_TEST_MARKER", &m)
-        .env("DRAINIT_PRE_DRAIN_DELAY", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("drainit starts");
-    let until = Instant::now() + Duration::from_secs(20);
-    while http_get(probe, "/readyz").0 != 200 {
-        assert!(Instant::now() < until, "drainit never got ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let r = Replica::start(&m, &[], &[]);
+    let (proxy, probe) = (r.proxy, r.probe);
     assert_eq!(http_get(proxy, "/").0, 200);
     let (code, body) = http_get(probe, "/metrics");
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    r.stop();
     assert_nothing_left(&m);
     assert_eq!(code, 200, "{body}");
     let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
