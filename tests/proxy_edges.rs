@@ -63,6 +63,22 @@ impl Edge {
         panic!("drainit in front of rawapp.py never became ready");
     }
 
+    /// During a drain (`--pre-drain-delay 3s`, `/readyz` already 503), a client
+    /// with an 8 KiB receive buffer that asked for a 100,000-byte response.
+    fn draining_with_a_large_response_asked(mode: Mode) -> (Edge, TcpStream) {
+        let mut e = Edge::start_in(mode, "3s");
+        e.r.signal(15);
+        assert!(
+            wait_until(secs(5), || http(e.probe, "/readyz", "GET").0 == 503),
+            "the drain never began\n{}",
+            e.r.stderr_text()
+        );
+        let mut s = connect_small(e.port, 8192);
+        s.write_all(b"GET /bytes?n=100000 HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        (e, s)
+    }
+
     /// Writes `req` on a new connection and reads until the peer closes (or 5 s).
     fn exchange(&self, req: &[u8]) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
@@ -446,16 +462,7 @@ fn a_client_that_pipelines_during_a_drain_gets_the_whole_response_before_the_clo
     ];
     for mode in BOTH {
         for second in SECOND {
-            let mut e = Edge::start_in(mode, "3s");
-            e.r.signal(15);
-            assert!(
-                wait_until(secs(5), || http(e.probe, "/readyz", "GET").0 == 503),
-                "the drain never began\n{}",
-                e.r.stderr_text()
-            );
-            let mut s = connect_small(e.port, 8192);
-            s.write_all(b"GET /bytes?n=100000 HTTP/1.1\r\nHost: a\r\n\r\n")
-                .unwrap();
+            let (e, mut s) = Edge::draining_with_a_large_response_asked(mode);
             std::thread::sleep(Duration::from_millis(30));
             s.write_all(second).unwrap();
             s.set_read_timeout(Some(secs(10))).unwrap();
@@ -496,16 +503,7 @@ fn a_client_that_pipelines_during_a_drain_gets_the_whole_response_before_the_clo
 #[test]
 fn a_response_the_client_reset_before_acknowledging_is_never_completed() {
     for mode in BOTH {
-        let mut e = Edge::start_in(mode, "3s");
-        e.r.signal(15);
-        assert!(
-            wait_until(secs(5), || http(e.probe, "/readyz", "GET").0 == 503),
-            "the drain never began\n{}",
-            e.r.stderr_text()
-        );
-        let mut s = connect_small(e.port, 8192);
-        s.write_all(b"GET /bytes?n=100000 HTTP/1.1\r\nHost: a\r\n\r\n")
-            .unwrap();
+        let (e, s) = Edge::draining_with_a_large_response_asked(mode);
         // Long enough for the app's response to be in drainit's kernel.
         std::thread::sleep(Duration::from_millis(500));
         reset(s);
