@@ -16,13 +16,12 @@ import json
 import pathlib
 import struct
 import sys
-import tempfile
 import time
 import zlib
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+
+from browser import check, start
 
 PAGE, RUN, SHOT = sys.argv[1], sys.argv[2], sys.argv[3]
 run = json.loads(pathlib.Path(RUN).read_text())
@@ -51,24 +50,7 @@ def counts(states):
     return c
 
 
-def check(ok, what):
-    if not ok:
-        print("FAIL:", what, flush=True)
-        sys.exit(1)
-    print("ok:", what, flush=True)
-
-
-opts = webdriver.ChromeOptions()
-opts.binary_location = "/usr/bin/chromium"
-profile = tempfile.mkdtemp(prefix="drainit-gate-chromium-")
-for flag in (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-    "--no-first-run", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1300",
-    "--user-data-dir=" + profile,
-):
-    opts.add_argument(flag)
-driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+driver, quit_browser = start()
 try:
     driver.get(pathlib.Path(PAGE).resolve().as_uri())
     find = driver.find_element
@@ -173,7 +155,7 @@ try:
     scrub(35)
     driver.save_screenshot(SHOT)
 finally:
-    driver.quit()
+    quit_browser()
 
 
 def png_pixels(path):

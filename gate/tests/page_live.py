@@ -14,33 +14,16 @@ first failure.
 import json
 import pathlib
 import sys
-import tempfile
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+
+from browser import check, start
 
 PAGE, RESULT = sys.argv[1], sys.argv[2]
 res = json.loads(pathlib.Path(RESULT).read_text())
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        sys.exit(1)
-
-
-opts = webdriver.ChromeOptions()
-opts.binary_location = "/usr/bin/chromium"
-profile = tempfile.mkdtemp(prefix="drainit-gate-chromium-")
-for flag in (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1400,1300", "--user-data-dir=" + profile,
-):
-    opts.add_argument(flag)
-opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+driver, quit_browser = start()
 try:
     driver.get(pathlib.Path(PAGE).resolve().as_uri())
     text = lambda id_: driver.find_element(By.ID, id_).text.strip()
@@ -68,4 +51,4 @@ try:
             check(r["name"] in verdict, f"the page names replica {r['name']}")
     print("all checks passed")
 finally:
-    driver.quit()
+    quit_browser()
