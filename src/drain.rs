@@ -590,6 +590,18 @@ impl Drain {
         events
     }
 
+    /// What signal `s` is forwarded as, at once, whatever the phase: a signal
+    /// that is not a drain signal, rewritten (`None`: a drain signal, one
+    /// rewritten to 0, or drainit has exited). The driver sends it as soon as it
+    /// is read (`forward_at_once`) and only accounts for it in its step; it
+    /// knows whether a child or its group is still there to get it.
+    pub fn forwarded_at_once(&self, s: Signal) -> Option<Signal> {
+        if matches!(self.state, State::Exited(_)) || self.is_drain_signal(s) {
+            return None;
+        }
+        self.policy.rewrite.apply(s)
+    }
+
     fn is_drain_signal(&self, s: Signal) -> bool {
         self.policy.drain_signals.contains(&s)
     }
@@ -629,9 +641,7 @@ impl Drain {
         match event {
             Event::Signal(s) if self.is_drain_signal(s) => self.on_drain_signal(now, s, &mut out),
             Event::Signal(s) => {
-                // Forwarded at once, in every phase (the driver knows whether a
-                // child or its group is still there to get it).
-                if let Some(s) = self.policy.rewrite.apply(s) {
+                if let Some(s) = self.forwarded_at_once(s) {
                     out.push(Action::Forward(s));
                 }
             }

@@ -56,14 +56,42 @@ pub enum Signals {
 }
 
 impl Signals {
-    /// The next batch of signals read at once.
-    async fn recv(&mut self) -> Vec<signals::Received> {
+    /// The next batch of signals read at once; `at_once` sees it first (see
+    /// [`SignalStream::recv`]).
+    async fn recv(
+        &mut self,
+        mut at_once: impl FnMut(&mut [signals::Received]),
+    ) -> Vec<signals::Received> {
         match self {
-            Signals::Fd(fd) => fd.recv().await,
+            Signals::Fd(fd) => fd.recv(at_once).await,
             Signals::Channel(rx) => match rx.recv().await {
-                Some(batch) => batch,
+                Some(mut batch) => {
+                    at_once(&mut batch);
+                    batch
+                }
                 None => std::future::pending().await,
             },
+        }
+    }
+}
+
+/// Signal first: the signals of a batch that the machine forwards whatever the
+/// phase ([`Drain::forwarded_at_once`]) go to the main child as soon as they are
+/// read, ahead of the loop's turn; the step that takes the batch accounts for
+/// them ([`Driver::on_signal`]). A batch with SIGCHLD goes the whole way: the
+/// main child's exit read with it is ordered against its signals first.
+fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree) {
+    if batch.iter().any(|r| r.signal == Signal::CHLD) {
+        return;
+    }
+    for r in batch {
+        if r.signal.is_reserved() {
+            continue;
+        }
+        if let Some(to) = drain.forwarded_at_once(r.signal)
+            && app.forward_at_once(to)
+        {
+            r.forwarded = Some(to);
         }
     }
 }
@@ -321,6 +349,7 @@ impl Driver {
         let reaping = self.inputs.reap_more;
         let admission = matches!(self.drain.state(), State::Admission { .. });
         let proxy = &self.proxy;
+        let (drain, app) = (&self.drain, &self.app);
         let Inputs {
             signals,
             ready_rx,
@@ -333,7 +362,7 @@ impl Driver {
         tokio::select! {
             biased;
             changed = async { readyz_asked.as_mut().expect("guarded by the if").changed().await }, if readyz_asked.is_some() => Woke::Asked(changed.is_ok()),
-            received = signals.recv() => Woke::Signals(received),
+            received = signals.recv(|batch| forward_at_once(batch, drain, app)) => Woke::Signals(received),
             _ = async { ready_rx.as_mut().expect("guarded by the if").await }, if ready_rx.is_some() => Woke::Ready,
             exit = wait_step(step_rx) => Woke::StepExited(exit),
             result = phases.wait(), if phase_running => Woke::PhaseEnded(result),
@@ -824,6 +853,13 @@ impl Driver {
             return;
         }
         log::debug!("received {} from pid {}", r.signal, r.sender);
+        if let Some(sent) = r.forwarded {
+            // Sent as it was read (`forward_at_once`): only the accounting is left.
+            log::debug!("forwarded {sent} to {}", self.app.forward_target());
+            self.metrics.signal_forwarded(sent, 1);
+            self.metrics.signal_received(r.signal);
+            return;
+        }
         self.queue.push_back(Event::Signal(r.signal));
         self.process();
         // Counted after the step that forwarded it: signal first, account after.

@@ -356,6 +356,7 @@ fn parse_siginfo(rec: &[u8]) -> Received {
     Received {
         signal: Signal(u32_at(0) as i32),
         sender: u32_at(12) as i32,
+        forwarded: None,
     }
 }
 
@@ -369,6 +370,20 @@ pub struct SignalStream {
 pub struct Received {
     pub signal: Signal,
     pub sender: i32,
+    /// The signal it was sent on as, when it was forwarded as it was read (the
+    /// `at_once` of [`SignalStream::recv`]); `None`: not sent yet.
+    pub forwarded: Option<Signal>,
+}
+
+impl Received {
+    /// `signal` from `sender`, not sent on yet.
+    pub fn new(signal: Signal, sender: i32) -> Received {
+        Received {
+            signal,
+            sender,
+            forwarded: None,
+        }
+    }
 }
 
 impl SignalStream {
@@ -388,7 +403,10 @@ impl SignalStream {
 
     /// Waits until at least one signal is pending and returns every pending one, in
     /// the kernel's order (standard signals by number, then real-time ones).
-    pub async fn recv(&mut self) -> Vec<Received> {
+    /// `at_once` sees each read's signals as soon as they are read, before
+    /// anything else runs: the forward of a signal that needs no decision but the
+    /// rewrite goes out there (it marks [`Received::forwarded`]).
+    pub async fn recv(&mut self, mut at_once: impl FnMut(&mut [Received])) -> Vec<Received> {
         loop {
             let mut guard = match self.fd.readable().await {
                 Ok(g) => g,
@@ -405,7 +423,13 @@ impl SignalStream {
             let drained = loop {
                 match nix::unistd::read(guard.get_inner(), &mut buf) {
                     Ok(n) => {
-                        out.extend(buf[..n].chunks_exact(SIGINFO_SIZE).map(parse_siginfo));
+                        let mut read = [Received::new(Signal(0), 0); BATCH];
+                        let k = n / SIGINFO_SIZE;
+                        for (r, rec) in read.iter_mut().zip(buf[..n].chunks_exact(SIGINFO_SIZE)) {
+                            *r = parse_siginfo(rec);
+                        }
+                        at_once(&mut read[..k]);
+                        out.extend_from_slice(&read[..k]);
                         if n < buf.len() {
                             break true;
                         }

@@ -393,6 +393,74 @@ fn a_large_tree_is_forwarded_and_killed_on_time_pid1() {
     big_tree(Mode::Pid1);
 }
 
+/// An app that marks each SIGHUP it gets.
+const HUP_APP: &str = r#"
+import os, signal, time
+def log(s):
+    with open(os.environ["MARK"], "a") as f:
+        f.write(s + "\n")
+signal.signal(signal.SIGHUP, lambda s, f: log("app: got SIGHUP"))
+log("app: started")
+while True:
+    time.sleep(0.05)
+"#;
+
+/// A signal forwarded in every phase (SIGHUP here) goes out as drainit's next
+/// system call after the read that took it from the signalfd: nothing is
+/// written, read or asked of the kernel between them (signal first, account
+/// after); the app gets it and drainit still exits 0 on SIGTERM.
+#[test]
+fn a_forwarded_signal_is_the_next_system_call_after_its_read_subreaper() {
+    let _serial = one_at_a_time();
+    forwarded_at_once(Mode::Subreaper);
+}
+
+#[test]
+fn a_forwarded_signal_is_the_next_system_call_after_its_read_pid1() {
+    let _serial = one_at_a_time();
+    forwarded_at_once(Mode::Pid1);
+}
+
+fn forwarded_at_once(mode: Mode) {
+    let mut r = Running::start_with(Start {
+        mode,
+        launch: &[],
+        args: &[OFF, "--", python(), "-c", HUP_APP],
+        env: &[],
+    });
+    assert!(
+        r.wait_mark("app: started", secs(60)),
+        "{mode:?}: the app did not start\n{}",
+        r.stderr_text()
+    );
+    let signalfd = fd_of(r.pid, "anon_inode:[signalfd]").expect("drainit's signalfd");
+    let pid = r.pid;
+    let trace = trace_syscalls(
+        pid,
+        || r.signal(libc::SIGHUP),
+        |call| call.nr == libc::SYS_kill && call.args[1] == libc::SIGHUP as u64,
+    );
+    let kill = trace.len() - 1;
+    let read = trace[..kill]
+        .iter()
+        .rposition(|c| c.nr == libc::SYS_read && c.args[0] == signalfd as u64)
+        .unwrap_or_else(|| panic!("{mode:?}: the SIGHUP was never read from the signalfd"));
+    assert_eq!(
+        read + 1,
+        kill,
+        "{mode:?}: system calls between the read and the forward: {:?}",
+        &trace[read + 1..kill]
+    );
+    assert!(
+        r.wait_mark("app: got SIGHUP", secs(10)),
+        "{mode:?}: the app got no SIGHUP\n{}",
+        r.stderr_text()
+    );
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(30));
+    assert_eq!(rc, 0, "{mode:?}: {}\n{}", r.report(), r.stderr_text());
+}
+
 /// An app speaking sd_notify: `READY=1`, then one mark line per SIGUSR1, and a
 /// clean exit on SIGTERM.
 const NOTIFY_APP: &str = r#"

@@ -243,7 +243,9 @@ impl AppTree {
         super::helpers(&self.reaper, &*self.kernel)
     }
 
-    fn forward_target(&self) -> i32 {
+    /// Where a forwarded signal goes: the main child's pid, or its process
+    /// group's (negative) with `--forward-to group`.
+    pub fn forward_target(&self) -> i32 {
         if self.child.to_group {
             -self.child.pid
         } else {
@@ -364,13 +366,22 @@ impl AppTree {
         n
     }
 
+    /// `sig` to the main child (or its group) while the main child lives;
+    /// returns whether it was sent. The fast part of [`AppTree::forward`], for a
+    /// signal forwarded as soon as it is read: nothing is read or logged first.
+    pub fn forward_at_once(&self, sig: Signal) -> bool {
+        if self.child.alive {
+            self.send(self.forward_target(), sig);
+        }
+        self.child.alive
+    }
+
     /// A signal that is not a drain signal: to the main child (or its group), at
     /// once; to the group still when its leader is gone but a member lives.
     /// Returns whether it was sent.
     pub fn forward(&mut self, sig: Signal) -> bool {
-        if self.child.alive {
-            log::debug!("forwarding {sig} to {}", self.forward_target());
-            self.send(self.forward_target(), sig);
+        if self.forward_at_once(sig) {
+            log::debug!("forwarded {sig} to {}", self.forward_target());
             true
         } else if self.child.to_group
             && self

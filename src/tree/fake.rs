@@ -210,7 +210,7 @@ impl Waiter for FakeTree {
 
 /// One signal as read from the signalfd, sent by pid 1.
 pub(crate) fn received(signal: Signal) -> signals::Received {
-    signals::Received { signal, sender: 1 }
+    signals::Received::new(signal, 1)
 }
 
 /// `n` milliseconds.
