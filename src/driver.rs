@@ -368,7 +368,7 @@ impl Driver {
             result = phases.wait(), if phase_running => Woke::PhaseEnded(result),
             _ = sleep_until(deadline), if deadline.is_some() => Woke::Tick,
             _ = sleep_until(progress), if progress.is_some() => Woke::Progress,
-            _ = tokio::time::sleep(OUTSIDER_POLL), if polling => Woke::Poll,
+            () = async { tokio::time::sleep(OUTSIDER_POLL).await }, if polling => Woke::Poll,
             () = tokio::task::yield_now(), if reaping => Woke::Reap,
             () = async { proxy.as_ref().expect("guarded by the if").idle().await }, if admission && proxy.is_some() => Woke::RequestsDone,
         }
