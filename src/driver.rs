@@ -84,6 +84,7 @@ fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree
     if batch.iter().any(|r| r.signal == Signal::CHLD) {
         return;
     }
+    let mut sent = false;
     for r in batch {
         if r.signal.is_reserved() {
             continue;
@@ -92,7 +93,14 @@ fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree
             && app.forward_at_once(to)
         {
             r.forwarded = Some(to);
+            sent = true;
         }
+    }
+    if sent {
+        // The app was just woken, often onto this CPU (the scheduler places a
+        // wakee near its waker): it runs before the rest of this turn, as at
+        // beat 3's forward (sched_yield(2)).
+        std::thread::yield_now();
     }
 }
 
