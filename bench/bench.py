@@ -115,13 +115,51 @@ def measure_startup(h, commands, n):
     return samples, fails
 
 
-def measure_siglat(h, init, n):
+def cpu_cgroup():
+    """A cpu cgroup of our own for the container row, or (None, why not).
+
+    A container's processes sit in a cgroup with the cpu controller (Docker,
+    Kubernetes, systemd services), where the scheduler's autogroups, one per
+    session, do not apply (kernel/sched/autogroup.h, task_wants_autogroup: only
+    tasks of the root task group get one). cgroup v1's cpu hierarchy, or v2 with
+    cpu enabled for the root's children.
+    """
+    name = f"drainit-bench.{os.getpid()}"
+    for base, v2 in (("/sys/fs/cgroup/cpu", False), ("/sys/fs/cgroup", True)):
+        if v2:
+            try:
+                with open(os.path.join(base, "cgroup.subtree_control")) as f:
+                    if "cpu" not in f.read().split():
+                        continue
+            except OSError:
+                continue
+        elif not os.path.isdir(base):
+            continue
+        path = os.path.join(base, name)
+        try:
+            os.mkdir(path)
+            return path, None
+        except OSError as e:
+            why = f"{path}: {e.strerror}"
+            continue
+    return None, locals().get("why", "no cpu controller mounted")
+
+
+def measure_siglat(h, init, n, cgroup=None):
     fifo = os.path.join(h.workdir, "sig.fifo")
-    out, err = run_helper(
-        [h.helper, "siglat", str(n), fifo]
-        + init.argv(h.helper, "sigchild", fifo),
-        timeout=30 + n * 2.1,
-    )
+
+    def enter():
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+    try:
+        p = subprocess.run(
+            [h.helper, "siglat", str(n), fifo] + init.argv(h.helper, "sigchild", fifo),
+            capture_output=True, text=True, timeout=30 + n * 2.1,
+            preexec_fn=enter if cgroup else None)
+        out, err = p.stdout.split(), p.stderr
+    except subprocess.TimeoutExpired:
+        out, err = None, "timeout"
     if out is None:
         return [], n, "timeout"
     lost = 0
@@ -324,7 +362,7 @@ def main():
     cfg = {
         "BENCH_ROUNDS": env_int("BENCH_ROUNDS", 1 if q else 3),
         "BENCH_STARTUP_RUNS": env_int("BENCH_STARTUP_RUNS", 150 if q else 600),
-        "BENCH_SIGNALS": env_int("BENCH_SIGNALS", 60 if q else 200),
+        "BENCH_SIGNALS": env_int("BENCH_SIGNALS", 60 if q else 600),
         "BENCH_ORPHANS": env_int("BENCH_ORPHANS", 5000 if q else 20000),
         "BENCH_IDLE_SECS": env_int("BENCH_IDLE_SECS", 2 if q else 5),
         "BENCH_DEADLINE_RUNS": env_int("BENCH_DEADLINE_RUNS", 10 if q else 50),
@@ -347,6 +385,8 @@ def main():
     startup = {n: [] for n in names + ["direct"]}
     startup_fail = {n: 0 for n in names + ["direct"]}
     siglat = {n: [] for n in names}
+    siglat_cg = {n: [] for n in names}
+    cgroup, cgroup_why = cpu_cgroup()
     sig_lost = {n: 0 for n in names}
     sig_notes = {n: set() for n in names}
     orphans = {n: [] for n in names}
@@ -392,6 +432,12 @@ def main():
                 sig_lost[i.name] += lost
                 if note:
                     sig_notes[i.name].add(note)
+                if cgroup and i.name not in broken:
+                    vals, lost, note = measure_siglat(h, i, n, cgroup)
+                    siglat_cg[i.name] += vals
+                    sig_lost[i.name] += lost
+                    if note:
+                        sig_notes[i.name].add(note)
         log("  signal latency done")
         for i in order:
             res = measure_orphans(h, i, cfg["BENCH_ORPHANS"])
@@ -408,6 +454,8 @@ def main():
                 cfg["BENCH_DRAIN_TIMEOUT_MS"])
             log("  deadline done")
     elapsed = time.monotonic() - t_start
+    if cgroup:
+        os.rmdir(cgroup)
 
     # ---- aggregate ----
     cols = names
@@ -417,6 +465,8 @@ def main():
     st_p99 = {n: pct(startup[n], 99) for n in names}
     sl_med = {n: med(siglat[n]) for n in names}
     sl_p99 = {n: pct(siglat[n], 99) for n in names}
+    slc_med = {n: med(siglat_cg[n]) for n in names}
+    slc_p99 = {n: pct(siglat_cg[n], 99) for n in names}
 
     def ok_orphans(n):
         return [o for o in orphans[n] if o and o["reap_ns"] >= 0]
@@ -471,6 +521,10 @@ def main():
     out.append(row(f"signal forward latency, median µs (n={len(siglat[ref])})",
                    sl_med, sl_med[ref], 1e3, 1))
     out.append(row("signal forward latency, p99 µs", sl_p99, sl_p99[ref], 1e3, 1))
+    if cgroup:
+        out.append(row("… in a cpu cgroup, as in a container, median µs "
+                       f"(n={len(siglat_cg[ref])})", slc_med, slc_med[ref], 1e3, 1))
+        out.append(row("… in a cpu cgroup, p99 µs", slc_p99, slc_p99[ref], 1e3, 1))
     out.append(row(f"reap {cfg['BENCH_ORPHANS']} orphans as PID 1, wall ms (median)",
                    reap_med, reap_med[ref], 1e6, 0))
     out.append(row("… CPU time of the init meanwhile, ms (median)", cpu_med, cpu_med[ref], 1e6, 0))
@@ -486,6 +540,8 @@ def main():
             notes.append(f"{n}: {sig_lost[n]} signals never reached the child")
         for s in sig_notes[n]:
             notes.append(f"{n}: signal run: {s}")
+    if not cgroup:
+        notes.append(f"no signal rows in a cpu cgroup: {cgroup_why}")
     if "drainit+probe" in idle:
         notes.append(
             "drainit with its probe server on 127.0.0.1: "
@@ -546,6 +602,7 @@ def main():
     if os.environ.get("BENCH_OUT"):
         with open(os.environ["BENCH_OUT"], "w") as f:
             json.dump({"config": cfg, "startup": startup, "siglat": siglat,
+                       "siglat_cgroup": siglat_cg,
                        "orphans": orphans, "idle": idle,
                        "deadline": deadline_rows}, f)
         log(f"raw data written to {os.environ['BENCH_OUT']}")

@@ -1,12 +1,25 @@
 #!/usr/bin/env python3
-"""bench/forward-floor.py DRAINIT [ROUNDS]: signal forward latency of drainit
-against the smallest forwarders of forward-floor.c and dumb-init, interleaved in
-chunks of 20 signals per round (helper.c's `siglat`, as run.sh measures it).
-Prints the median per forwarder, µs. Needs gcc and dumb-init."""
+"""bench/forward-floor.py [--cgroup] DRAINIT [ROUNDS]: signal forward latency of
+drainit against the smallest forwarders of forward-floor.c and dumb-init,
+interleaved in chunks of 20 signals per round (helper.c's `siglat`, as run.sh
+measures it). Prints the median per forwarder, µs. --cgroup: everything in a cpu
+cgroup of its own, as in a container (bench.py's `cpu_cgroup`: no scheduler
+autogroups there). Needs gcc and dumb-init; root for --cgroup."""
 import os, statistics, subprocess, sys, tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
-drainit, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 15
+args = sys.argv[1:]
+cgroup = None
+if args and args[0] == "--cgroup":
+    args = args[1:]
+    sys.path.insert(0, here)
+    from bench import cpu_cgroup
+    cgroup, why = cpu_cgroup()
+    if not cgroup:
+        sys.exit(f"forward-floor: no cpu cgroup: {why}")
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write("0")
+drainit, rounds = args[0], int(args[1]) if len(args) > 1 else 15
 work = tempfile.mkdtemp(prefix="drainit-floor.")
 helper, floor = os.path.join(work, "helper"), os.path.join(work, "floor")
 subprocess.run(["gcc", "-O2", "-o", helper, os.path.join(here, "helper.c")], check=True)
@@ -29,3 +42,7 @@ for _ in range(rounds):
         got[name] += [int(x) for x in p.stdout.split()]
 for name, v in got.items():
     print(f"{name}: n={len(v)} median {statistics.median(v) / 1000:.1f} µs" if v else f"{name}: none")
+if cgroup:
+    with open(os.path.join(os.path.dirname(cgroup), "cgroup.procs"), "w") as f:
+        f.write("0")
+    os.rmdir(cgroup)
