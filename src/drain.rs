@@ -602,7 +602,8 @@ impl Drain {
         self.policy.rewrite.apply(s)
     }
 
-    fn is_drain_signal(&self, s: Signal) -> bool {
+    /// Whether `s` starts (or, a second time, hastens) a drain.
+    pub fn is_drain_signal(&self, s: Signal) -> bool {
         self.policy.drain_signals.contains(&s)
     }
 

@@ -75,13 +75,18 @@ impl Signals {
     }
 }
 
-/// Signal first: the signals of a batch that the machine forwards whatever the
+/// Signal first: the signals of one read that the machine forwards whatever the
 /// phase ([`Drain::forwarded_at_once`]) go to the main child as soon as they are
 /// read, ahead of the loop's turn; the step that takes the batch accounts for
-/// them ([`Driver::on_signal`]). A batch with SIGCHLD goes the whole way: the
-/// main child's exit read with it is ordered against its signals first.
+/// them ([`Driver::on_signal`]). A read with SIGCHLD or a drain signal goes the
+/// whole way, in the kernel's order: the main child's exit read with it is
+/// ordered against its signals first, and a drain signal's beat 1 comes before
+/// anything else (systemd and `timeout(1)` send SIGCONT right after SIGTERM).
 fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree) {
-    if batch.iter().any(|r| r.signal == Signal::CHLD) {
+    if batch
+        .iter()
+        .any(|r| r.signal == Signal::CHLD || drain.is_drain_signal(r.signal))
+    {
         return;
     }
     let mut sent = false;
@@ -1215,6 +1220,26 @@ mod tests {
                 report["drain"]["deadline_ms"], 21000,
                 "the deadline never moves"
             );
+        })
+        .await;
+    }
+
+    /// A drain signal read together with plain ones (systemd's SIGTERM then
+    /// SIGCONT): everything goes out in the kernel's order, the drain signal
+    /// first, as when each came alone; the plain ones are not sent ahead of it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_drain_signal_read_with_plain_ones_goes_out_first() {
+        local(async {
+            let w = world(&["--pre-drain-delay", "0s"], Reacts::ExitsAfter(ms(10)));
+            let winch = Signal(libc::SIGWINCH);
+            let batch = [Signal::TERM, Signal::CONT, winch].map(received).to_vec();
+            w.signals_tx.send(batch).expect("the driver reads");
+            let report = tokio::time::timeout(Duration::from_secs(120), w.driver.run())
+                .await
+                .expect("the driver exits");
+            let sent: Vec<Signal> = w.tree.sent.borrow().iter().map(|s| s.2).collect();
+            assert_eq!(sent, vec![Signal::TERM, Signal::CONT, winch]);
+            assert!(report.to_json().contains("\"reason\":\"drained\""));
         })
         .await;
     }

@@ -50,7 +50,8 @@
 //! thousands, a walk takes tens of milliseconds), descendants found by a walk are
 //! signalled as it finds them, and the report's times are the instants the signals
 //! were sent; a signal the machine forwards in every phase goes out as it is read,
-//! ahead of the loop's turn (`Drain::forwarded_at_once`). A process drainit may not signal (`EPERM`) is *unkillable*: recorded
+//! ahead of the loop's turn (`Drain::forwarded_at_once`), unless the same read
+//! holds a SIGCHLD or a drain signal. A process drainit may not signal (`EPERM`) is *unkillable*: recorded
 //! apart from the abandoned ones, logged once, and the drain is not clean.
 //!
 //! **The drain timeline.** T0 is the first drain signal (TERM, INT, QUIT by
