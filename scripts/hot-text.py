@@ -124,13 +124,14 @@ def children_of(pid):
         return []
 
 
-def lackey_idle(log, argv, paths=()):
+def lackey_idle(log, argv, paths=(), env=None):
     """Runs drainit (its child `sleep`) under lackey until it idles, asks the
     probe `paths` if any, and returns the addresses of the instructions it ran
     and of the memory it read or wrote meanwhile (what the rest of its life does
     is the callgrind scenarios' part)."""
     cmd = ["valgrind", "--tool=lackey", "--trace-mem=yes", f"--log-file={log}"] + argv
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, **(env or {})))
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not any(
@@ -359,15 +360,25 @@ def pattern(name):
 
 def idle_lives(binary, work):
     """What drainit touches to start and idle, in the order an init meets it:
-    without the probe server, with it, and once /readyz and /healthz were asked
-    (a kubelet, a Docker HEALTHCHECK). One `(code, data)` of addresses each."""
+    without the probe server (on the platform this machine is, then on none and
+    in Kubernetes: each says its grace budget with constants of its own, and the
+    tests run with DRAINIT_PLATFORM=none), with it, and once /readyz and /healthz
+    were asked (a kubelet, a Docker HEALTHCHECK). One `(code, data)` of
+    addresses each."""
     port = free_port()
+    off = [binary, "--probe-addr", "off", "--", "sleep", "1000"]
+    probes = [binary, "--probe-addr", f"127.0.0.1:{port}", "--", "sleep", "1000"]
     lives = [
-        ([binary, "--probe-addr", "off", "--", "sleep", "1000"], ()),
-        ([binary, "--probe-addr", f"127.0.0.1:{port}", "--", "sleep", "1000"], ()),
-        ([binary, "--probe-addr", f"127.0.0.1:{port}", "--", "sleep", "1000"], ("/readyz", "/healthz")),
+        (off, (), {}),
+        (off, (), {"DRAINIT_PLATFORM": "none"}),
+        (off, (), {"DRAINIT_PLATFORM": "kubernetes"}),
+        (probes, (), {}),
+        (probes, ("/readyz", "/healthz"), {}),
     ]
-    return [lackey_idle(os.path.join(work, f"lackey.{i}"), argv, paths) for i, (argv, paths) in enumerate(lives)]
+    return [
+        lackey_idle(os.path.join(work, f"lackey.{i}"), argv, paths, env)
+        for i, (argv, paths, env) in enumerate(lives)
+    ]
 
 
 def main():
