@@ -830,6 +830,7 @@ impl Driver {
             // fed as read (`order_batch` without an exit), with no list built
             // on the way to its forward.
             for r in received {
+                self.app.read_alone();
                 self.on_signal(r);
             }
             return;
@@ -1220,6 +1221,21 @@ mod tests {
                 report["drain"]["deadline_ms"], 21000,
                 "the deadline never moves"
             );
+        })
+        .await;
+    }
+
+    /// An app that catches the drain signal and exits at once, before the T0
+    /// count reads it (its SIGCHLD not read yet): it was alive when the signal
+    /// was read, so it was in flight at T0, and drained.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_app_that_exits_as_soon_as_it_is_told_was_in_flight_at_t0() {
+        local(async {
+            let w = world(&["--pre-drain-delay", "0s"], Reacts::ExitsAtOnce);
+            let (report, _) = w.run(ms(100), &[]).await;
+            assert_eq!(report["drain"]["in_flight_at_start"], 1, "{report}");
+            assert_eq!(report["drain"]["completed"], 1, "{report}");
+            assert_eq!(report["reason"], "drained");
         })
         .await;
     }

@@ -51,6 +51,10 @@ struct StepReads {
     /// The drain signal this step forwarded to the main child (or its group):
     /// a main child it killed at once was alive at T0.
     forwarded: Option<Signal>,
+    /// The signal this step takes was read without a SIGCHLD: a main child
+    /// found ended had not ended when it was read (its SIGCHLD would have been
+    /// read with it), so it was alive at T0.
+    read_alone: bool,
 }
 
 /// The main child.
@@ -235,6 +239,12 @@ impl AppTree {
     }
 
     /// The end of one step of the driver: its reads no longer hold.
+    /// The signal the next step takes was read without a SIGCHLD (see
+    /// [`AppTree::sample_in_flight`]).
+    pub fn read_alone(&mut self) {
+        self.step.read_alone = true;
+    }
+
     pub fn end_step(&mut self) {
         self.step = StepReads::default();
     }
@@ -355,7 +365,9 @@ impl AppTree {
             None => None,
         };
         let forwarded = self.step.forwarded;
-        if let Some(p) = child.filter(|p| !p.zombie || forwarded.is_some_and(|s| p.ended_by == s.0))
+        let read_alone = self.step.read_alone;
+        if let Some(p) = child
+            .filter(|p| !p.zombie || read_alone || forwarded.is_some_and(|s| p.ended_by == s.0))
             && !alive.iter().any(|a| a.id() == p.id())
         {
             alive.push(p);

@@ -21,6 +21,9 @@ use crate::signals::{self, Signal};
 pub(crate) enum Reacts {
     /// Exits (killed by the signal) this long after a TERM, INT or QUIT.
     ExitsAfter(Duration),
+    /// Catches a TERM, INT or QUIT and exits 0 at once, before drainit's step
+    /// ends (its SIGCHLD read in a later one).
+    ExitsAtOnce,
     /// Ignores everything but SIGKILL.
     Ignores,
     /// drainit may not signal it: every `kill` of it is `EPERM`.
@@ -101,6 +104,11 @@ impl FakeTree {
         };
         match (sig, reacts) {
             (Signal::KILL, _) => self.end(pid, ChildExit::Signal(Signal::KILL)),
+            (sig, Reacts::ExitsAtOnce)
+                if [Signal::TERM, Signal::INT, Signal::QUIT].contains(&sig) =>
+            {
+                self.end(pid, ChildExit::Code(0));
+            }
             (sig, Reacts::ExitsAfter(d))
                 if [Signal::TERM, Signal::INT, Signal::QUIT].contains(&sig) =>
             {
