@@ -125,6 +125,7 @@ def cpu_cgroup():
     cpu enabled for the root's children.
     """
     name = f"drainit-bench.{os.getpid()}"
+    why = "no cpu controller mounted"
     for base, v2 in (("/sys/fs/cgroup/cpu", False), ("/sys/fs/cgroup", True)):
         if v2:
             try:
@@ -141,8 +142,7 @@ def cpu_cgroup():
             return path, None
         except OSError as e:
             why = f"{path}: {e.strerror}"
-            continue
-    return None, locals().get("why", "no cpu controller mounted")
+    return None, why
 
 
 def measure_siglat(h, init, n, cgroup=None):

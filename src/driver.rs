@@ -830,7 +830,6 @@ impl Driver {
             // fed as read (`order_batch` without an exit), with no list built
             // on the way to its forward.
             for r in received {
-                self.app.read_alone();
                 self.on_signal(r);
             }
             return;

@@ -35,9 +35,6 @@ pub struct Proc {
     /// Stopped by a signal (state `T`): it cannot act on a drain signal until
     /// it gets SIGCONT.
     pub stopped: bool,
-    /// For a zombie, the signal that ended it (field 52's low bits); 0 when it
-    /// exited, and for a live process.
-    pub ended_by: i32,
 }
 
 impl Proc {
@@ -64,7 +61,6 @@ pub fn parse_stat(text: &str) -> Option<Proc> {
         comm,
         zombie,
         killed: zombie && exit_code & 0x7f == libc::SIGKILL,
-        ended_by: if zombie { exit_code & 0x7f } else { 0 },
         stopped: rest.first()?.starts_with('T'),
         ppid: rest.get(1)?.parse().ok()?,
         pgid: rest.get(2)?.parse().ok()?,
@@ -416,7 +412,6 @@ mod tests {
             zombie,
             killed: false,
             stopped: false,
-            ended_by: 0,
         }
     }
 

@@ -423,6 +423,8 @@ impl SignalStream {
             let drained = loop {
                 match nix::unistd::read(guard.get_inner(), &mut buf) {
                     Ok(n) => {
+                        // Parsed on the stack, handed to `at_once`, then kept: no
+                        // allocation before the forward.
                         let mut read = [Received::new(Signal(0), 0); BATCH];
                         let k = n / SIGINFO_SIZE;
                         for (r, rec) in read.iter_mut().zip(buf[..n].chunks_exact(SIGINFO_SIZE)) {

@@ -48,13 +48,6 @@ struct StepReads {
     alive: Option<Vec<Proc>>,
     /// The main child's `/proc` entry as the forward read it.
     child: Option<Option<Proc>>,
-    /// The drain signal this step forwarded to the main child (or its group):
-    /// a main child it killed at once was alive at T0.
-    forwarded: Option<Signal>,
-    /// The signal this step takes was read without a SIGCHLD: a main child
-    /// found ended had not ended when it was read (its SIGCHLD would have been
-    /// read with it), so it was alive at T0.
-    read_alone: bool,
 }
 
 /// The main child.
@@ -181,7 +174,6 @@ impl AppTree {
         });
         if let Some(s) = sent {
             self.sent_early = Some(s);
-            self.step.forwarded = Some(sig);
         }
         match walked {
             Ok(()) => Some(out),
@@ -239,12 +231,6 @@ impl AppTree {
     }
 
     /// The end of one step of the driver: its reads no longer hold.
-    /// The signal the next step takes was read without a SIGCHLD (see
-    /// [`AppTree::sample_in_flight`]).
-    pub fn read_alone(&mut self) {
-        self.step.read_alone = true;
-    }
-
     pub fn end_step(&mut self) {
         self.step = StepReads::default();
     }
@@ -356,18 +342,18 @@ impl AppTree {
             Some(v) => v,
             None => self.descendants_sending_due().unwrap_or_default(),
         };
-        // The main child, read after this step's signal (once): alive at T0
-        // unless it had ended by itself (a zombie whose SIGCHLD is not read yet);
-        // one that this step's forward killed at once was alive.
+        // The main child, read after this step's signal (once), unreaped: alive
+        // at T0 even if it has ended since (killed by this step's forward, or
+        // exited on catching it). One that ended before the drain signal was
+        // read is reaped before it: its SIGCHLD was read with that signal (the
+        // kernel queues it before the process reads as a zombie), and the batch
+        // reaps the main child first (`Driver::on_signals`).
         let child = match self.step.child.take() {
             Some(read) => read,
             None if self.child.alive && self.proc_ok => self.kernel.stat_of(self.child.pid),
             None => None,
         };
-        let forwarded = self.step.forwarded;
-        let read_alone = self.step.read_alone;
         if let Some(p) = child
-            .filter(|p| !p.zombie || read_alone || forwarded.is_some_and(|s| p.ended_by == s.0))
             && !alive.iter().any(|a| a.id() == p.id())
         {
             alive.push(p);
@@ -433,7 +419,6 @@ impl AppTree {
                 sent_at
             }
         };
-        self.step.forwarded = Some(sig);
         let child = if self.child.alive && self.proc_ok {
             self.kernel.stat_of(self.child.pid)
         } else {

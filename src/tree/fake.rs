@@ -90,10 +90,6 @@ impl FakeTree {
             zombie: p.ended.is_some(),
             killed: p.ended == Some(ChildExit::Signal(Signal::KILL)),
             stopped: false,
-            ended_by: match p.ended {
-                Some(ChildExit::Signal(s)) => s.0,
-                _ => 0,
-            },
         }
     }
 
