@@ -3160,3 +3160,45 @@ fn at_the_connection_cap_a_connection_whose_request_came_is_never_closed_for_roo
     assert_eq!(code, 0, "{}", r.stderr_text());
     ledger(&r.report());
 }
+
+#[test]
+fn a_head_not_sent_within_the_header_read_timeout_and_an_idle_connection_are_closed() {
+    let mut px = start_graceful();
+    // One client stops in the middle of its head; another is answered and
+    // then sends nothing on its keep-alive connection.
+    let mut slow = TcpStream::connect(("127.0.0.1", px.port)).unwrap();
+    slow.write_all(b"GET /ok HTTP/1.1\r\nHost: test\r\nX-Slow: a")
+        .unwrap();
+    let t = Instant::now();
+    let mut idle = px.conn();
+    idle.request("GET", "/ok", &[], None).unwrap();
+    let resp = idle.response(false).unwrap();
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let idle_from = Instant::now();
+    // drainit's HEAD_TIMEOUT is 10 s.
+    slow.set_read_timeout(Some(secs(30))).unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer)
+        .unwrap_or_else(|e| panic!("no end to the slow head: {e}{}", px.ctx()));
+    let waited = t.elapsed();
+    // Closed without an answer, as nginx's client_header_timeout does.
+    assert_eq!(answer, "", "{answer:?}");
+    assert!(
+        waited >= secs(9) && waited < secs(25),
+        "the slow head was cut after {waited:?}"
+    );
+    let mut rest = Vec::new();
+    idle.s.set_read_timeout(Some(secs(30))).unwrap();
+    let n = idle.s.read_to_end(&mut rest);
+    let waited = idle_from.elapsed();
+    assert!(matches!(n, Ok(0)), "{n:?} {rest:?}");
+    assert!(
+        waited >= secs(9) && waited < secs(25),
+        "the idle connection was closed after {waited:?}"
+    );
+    let (code, rep) = px.stop(secs(8));
+    assert_eq!(code, 0, "{}", px.ctx());
+    // received, rejected, admitted, completed, unknown, abandoned, canceled,
+    // in_flight, malformed
+    assert_eq!(counts(&rep), [1, 0, 1, 1, 0, 0, 0, 0, 0], "{rep}");
+}

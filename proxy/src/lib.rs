@@ -50,6 +50,7 @@
 mod body;
 mod forward;
 mod gate;
+mod head_timeout;
 mod headers;
 pub mod ledger;
 mod outcome;
