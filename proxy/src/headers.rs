@@ -164,11 +164,13 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
             .flat_map(|s| s.split(','))
             .map(str::trim)
             // `close` names no field; the hop-by-hop ones are in `present`.
-            .filter(|t| !t.eq_ignore_ascii_case("close"))
+            // Told apart as text: most lists are `keep-alive` or `close`, and
+            // parsing a name costs more than comparing it.
+            .filter(|t| !t.eq_ignore_ascii_case("close") && !is_hop_by_hop_name(t))
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             // `Host` is end to end whatever a client says (RFC 9112 §3.2
             // requires it): `Connection: host` must not strip it.
-            .filter(|n| !is_hop_by_hop(n) && n != header::HOST)
+            .filter(|n| n != header::HOST)
             .collect();
         for n in named {
             h.remove(n);
@@ -229,20 +231,28 @@ const HOP_BY_HOP: usize = 6;
 /// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites):
 /// one of [`HOP_BY_HOP`] names.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
+    is_hop_by_hop_name(name.as_str())
+}
+
+/// `n`, in any case, is one of the [`HOP_BY_HOP`] names.
+fn is_hop_by_hop_name(n: &str) -> bool {
     // Called for every field of every message: the length first, so most
     // names are told apart without comparing a byte.
-    let n = name.as_str();
+    let is = |name: &str| n.eq_ignore_ascii_case(name);
     match n.len() {
-        2 => n == "te",
+        2 => is("te"),
         // `Trailer` is end to end (RFC 9110 §6.6.2), and hyper sends a
         // response's trailers only when it names them.
-        7 => n == "upgrade",
-        10 => n == "connection" || n == "keep-alive",
-        16 => n == "proxy-connection",
-        17 => n == "transfer-encoding",
+        7 => is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
         _ => false,
     }
 }
+
+/// `X-Forwarded-For`, made once.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The client's address as `X-Forwarded-For` gives it (an IPv4-mapped IPv6
 /// address as IPv4).
@@ -281,7 +291,7 @@ impl Peer {
 /// (spoofable) value where it expects the balancer's. `Forwarded` (RFC 7239)
 /// gets a field line of its own (`for=…`), after any received.
 fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
-    let name = HeaderName::from_static("x-forwarded-for");
+    let name = X_FORWARDED_FOR;
     let prev: Vec<&[u8]> = h
         .get_all(&name)
         .iter()

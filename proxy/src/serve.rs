@@ -410,12 +410,15 @@ async fn serve_h1<S>(
     let forwarded = gate_reaches(&mut gate, Gate::Forwarded);
     let acks = unflushed.watch();
     tokio::pin!(conn, watchdog, forwarded, acks);
+    // hyper too: a turn for another branch (an acknowledgement checked, the
+    // gate) does not poll hyper's connection when nothing woke it.
+    let on_conn = OnWake::new();
     let (on_gate, on_acks, on_watchdog) = (OnWake::new(), OnWake::new(), OnWake::new());
     let mut closing = false;
     loop {
         tokio::select! {
             biased;
-            r = conn.as_mut() => {
+            r = on_conn.poll(conn.as_mut()) => {
                 if let Err(e) = r
                     && (e.is_parse() || e.is_parse_too_large())
                 {
@@ -428,6 +431,7 @@ async fn serve_h1<S>(
                 // Finishes the request in progress, if any; closes an idle one.
                 if first.is_answered() {
                     conn.as_mut().graceful_shutdown();
+                    on_conn.wake();
                 }
             }
             // The responses flushed are `completed` once the client has them.
@@ -435,14 +439,17 @@ async fn serve_h1<S>(
             // A head awaited past its deadline: the next turn polls hyper,
             // which closes the connection.
             () = on_watchdog.poll(watchdog.as_mut()) => {
-                clock.check(watchdog.as_mut(), HEAD_TIMEOUT);
+                if clock.check(watchdog.as_mut(), HEAD_TIMEOUT) {
+                    on_conn.wake();
+                }
             }
         }
     }
 }
 
-/// A side future of a connection's task (the gate's move, the watch for
-/// acknowledgements, the head watchdog) polled only when its own waker fired
+/// A future of a connection's task (hyper's connection, the gate's move, the
+/// watch for acknowledgements, the head watchdog) polled only when its own
+/// waker fired (or [`OnWake::wake`] was called)
 /// since its last poll, not at every turn of the task: `tokio::select!` polls
 /// every branch each time the task wakes, several times per request for
 /// hyper's I/O, and a `Notify` waiter polled again takes the `Notify`'s lock
@@ -480,6 +487,11 @@ impl OnWake {
             waker: std::task::Waker::from(flag.clone()),
             flag,
         }
+    }
+
+    /// Its future is polled at the next turn: the task changed its state.
+    fn wake(&self) {
+        self.flag.woken.store(true, SeqCst);
     }
 
     /// `fut`, polled when its waker fired since its last poll. The same
