@@ -143,30 +143,36 @@ pub(super) fn wants_upgrade(h: &HeaderMap) -> bool {
 /// `Connection: upgrade`.
 pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // One pass over the names finds the hop-by-hop fields present (most
-    // messages carry none, or only `Connection`); only those are looked up.
-    // Names are unique among the keys, so at most HOP_BY_HOP of them: no
-    // allocation on this per-message path.
-    let mut present: [Option<HeaderName>; HOP_BY_HOP] = Default::default();
-    for (slot, name) in present
-        .iter_mut()
-        .zip(h.keys().filter(|n| is_hop_by_hop(n)))
-    {
-        *slot = Some(name.clone());
-    }
-    if present[0].is_none() && !upgrading {
+    // messages carry none, or only `Connection`), as bits of
+    // HOP_BY_HOP_NAMES: no name cloned, no allocation on this per-message path.
+    let present = h
+        .keys()
+        .fold(0u8, |bits, n| bits | hop_by_hop_bit(n.as_str()));
+    if present == 0 && !upgrading {
         return;
     }
-    if present.contains(&Some(header::CONNECTION)) {
+    let has = |name: &HeaderName| {
+        HOP_BY_HOP_NAMES
+            .iter()
+            .position(|n| n == name)
+            .is_some_and(|i| present & (1 << i) != 0)
+    };
+    if has(&header::CONNECTION) {
         let named: Vec<HeaderName> = h
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|s| s.split(','))
             .map(str::trim)
-            // `close` names no field; the hop-by-hop ones are in `present`.
-            // Told apart as text: most lists are `keep-alive` or `close`, and
+            // `close` names no field; the hop-by-hop ones go below. Told
+            // apart as text: most lists are `keep-alive` or `close`, and
             // parsing a name costs more than comparing it.
-            .filter(|t| !t.eq_ignore_ascii_case("close") && !is_hop_by_hop_name(t))
+            .filter(|t| {
+                !t.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP_NAMES
+                        .iter()
+                        .any(|n| n.as_str().eq_ignore_ascii_case(t))
+            })
             .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
             // `Host` is end to end whatever a client says (RFC 9112 §3.2
             // requires it): `Connection: host` must not strip it.
@@ -180,11 +186,11 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // `Content-Length` (an app that sets both) is chunked, and a proxy drops
     // the length before forwarding it: hyper frames the body again, and a
     // length left behind would promise the client another size than it gets.
-    if present.contains(&Some(header::TRANSFER_ENCODING)) {
+    if has(&header::TRANSFER_ENCODING) {
         h.remove(header::CONTENT_LENGTH);
     }
-    for n in present.into_iter().flatten() {
-        if !(upgrading && n == header::UPGRADE) {
+    for (i, n) in HOP_BY_HOP_NAMES.iter().enumerate() {
+        if present & (1 << i) != 0 && !(upgrading && *n == header::UPGRADE) {
             h.remove(n);
         }
     }
@@ -225,29 +231,34 @@ fn drop_h2c(h: &mut HeaderMap) {
     }
 }
 
-/// How many names [`is_hop_by_hop`] knows.
+/// How many names [`HOP_BY_HOP_NAMES`] holds.
 const HOP_BY_HOP: usize = 6;
 
-/// A field [`strip_hop_by_hop`] always drops (or, for an upgrade, rewrites):
-/// one of [`HOP_BY_HOP`] names.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    is_hop_by_hop_name(name.as_str())
-}
+/// The fields [`strip_hop_by_hop`] always drops (or, for an upgrade,
+/// rewrites), each at its bit of [`hop_by_hop_bit`]. `Trailer` is end to end
+/// (RFC 9110 §6.6.2), and hyper sends a response's trailers only when it names
+/// them.
+const HOP_BY_HOP_NAMES: [HeaderName; HOP_BY_HOP] = [
+    header::TE,
+    header::UPGRADE,
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+];
 
-/// `n`, in any case, is one of the [`HOP_BY_HOP`] names.
-fn is_hop_by_hop_name(n: &str) -> bool {
+/// The bit of `n` (a lowercase name) in [`HOP_BY_HOP_NAMES`], or 0.
+fn hop_by_hop_bit(n: &str) -> u8 {
     // Called for every field of every message: the length first, so most
     // names are told apart without comparing a byte.
-    let is = |name: &str| n.eq_ignore_ascii_case(name);
-    match n.len() {
-        2 => is("te"),
-        // `Trailer` is end to end (RFC 9110 §6.6.2), and hyper sends a
-        // response's trailers only when it names them.
-        7 => is("upgrade"),
-        10 => is("connection") || is("keep-alive"),
-        16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
-        _ => false,
+    match (n.len(), n) {
+        (2, "te") => 1,
+        (7, "upgrade") => 1 << 1,
+        (10, "connection") => 1 << 2,
+        (10, "keep-alive") => 1 << 3,
+        (16, "proxy-connection") => 1 << 4,
+        (17, "transfer-encoding") => 1 << 5,
+        _ => 0,
     }
 }
 
