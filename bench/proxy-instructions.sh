@@ -12,6 +12,11 @@
 # drainit's own instructions per proxied request, all its threads counted.
 # Settings: N (3000), C (16), RUNS (1: each count is the median of RUNS runs).
 # DRAINIT_BINARY defaults to target/x86_64-unknown-linux-musl/release/drainit.
+# HAPROXY=1 also counts HAProxy's (bench/proxy.sh's configuration, its threads
+# serialised by valgrind) for the same N requests: its idle loop wakes on timers
+# of its own, so its count is taken with the instrumentation switched on just
+# before the requests and off just after (`callgrind_control -i`), not by
+# subtraction.
 # Needs valgrind, nginx, oha (bench/proxy.sh installs the last two). About 1 min.
 set -euo pipefail
 
@@ -103,9 +108,48 @@ PY
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out.log"
 }
 
+# ---- HAProxy's instructions for $1 requests, counted only while they run ---------------------
+count_haproxy() {
+    local requests=$1 port out pid
+    port=$(free_port)
+    out="$work/hap.$RANDOM"
+    cat >"$out.cfg" <<EOF
+global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option forwardfor
+    http-reuse always
+frontend f
+    bind 127.0.0.1:$port
+    default_backend b
+backend b
+    server app 127.0.0.1:$app_port
+EOF
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out.cg" \
+        --log-file="$out.log" haproxy -f "$out.cfg" -db -q &
+    pid=$!
+    wait_port "$port" "$pid" || { say "haproxy did not listen"; exit 1; }
+    sleep 1
+    callgrind_control -i on "$pid" >/dev/null
+    oha --no-tui -n "$requests" -c "$c" "http://127.0.0.1:$port/1k" >/dev/null 2>&1
+    callgrind_control -i off "$pid" >/dev/null
+    kill -TERM "$pid"
+    wait "$pid" || true
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out.log"
+}
+
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 zero=$(for _ in $(seq 1 "$runs"); do count 0; done | median)
 full=$(for _ in $(seq 1 "$runs"); do count "$n"; done | median)
 per=$(( (full - zero) / n ))
 say "0 requests: $zero instructions; $n requests ($c connections): $full"
 echo "$per instructions per proxied request ($n requests, $c connections, $(basename "$drainit"))"
+if [ -n "${HAPROXY:-}" ]; then
+    command -v haproxy >/dev/null 2>&1 || { say "HAPROXY=1 needs haproxy"; exit 1; }
+    hap=$(for _ in $(seq 1 "$runs"); do count_haproxy "$n"; done | median)
+    echo "$(( hap / n )) instructions per proxied request for HAProxy ($n requests, $c connections, $(haproxy -v | sed -n '1s/^HAProxy version \([^ ]*\).*/\1/p'))"
+fi
