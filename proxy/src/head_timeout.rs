@@ -139,6 +139,15 @@ mod tests {
     use super::*;
     use hyper::rt::Timer;
 
+    #[derive(Default)]
+    struct Woken(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, SeqCst);
+        }
+    }
+
     fn poll(s: &mut Pin<Box<dyn hyper::rt::Sleep>>) -> Poll<()> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         s.as_mut().poll(&mut cx)
@@ -160,7 +169,18 @@ mod tests {
         (&mut watchdog).await; // 10 s: nothing passed yet
         assert!(!clock.check(watchdog.as_mut(), timeout));
         assert_eq!(poll(&mut awaited), Poll::Pending);
-        (&mut watchdog).await; // 14 s: re-armed for the head awaited
+        // Re-armed for the head awaited (14 s): polled once after the reset,
+        // as serve_h1 does, it wakes its task then.
+        let woken = Arc::new(Woken::default());
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(watchdog.as_mut().poll(&mut cx), Poll::Pending);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(
+            woken.0.load(SeqCst),
+            "the re-armed watchdog never woke its task"
+        );
+        assert_eq!(watchdog.as_mut().poll(&mut cx), Poll::Ready(()));
         assert!(clock.check(watchdog.as_mut(), timeout));
         assert_eq!(poll(&mut awaited), Poll::Ready(()));
 

@@ -442,6 +442,10 @@ async fn serve_h1<S>(
                 if clock.check(watchdog.as_mut(), HEAD_TIMEOUT) {
                     on_conn.wake();
                 }
+                // Re-armed: polled again so that it holds its waker from a
+                // Pending poll, as the Future contract asks (tokio's timer
+                // keeps the waker across a reset today; that is its detail).
+                on_watchdog.wake();
             }
         }
     }
