@@ -26,7 +26,7 @@ DIST=${DIST:-dist}
 # build TRIPLE [EXTRA_RUSTFLAGS]: the release binary for TRIPLE, refused if it came
 # out dynamic or with its symbols.
 build() {
-    if ! rustup target list --installed | grep -qx "$1"; then
+    if ! rustup target list --installed | grep -x "$1" >/dev/null; then
         rustup target add "$1"
     fi
     # relocation-model=static: a plain static executable, not a static PIE that
@@ -36,13 +36,13 @@ build() {
     for bin in target/$1/release/drainit target/$1/release/drainit-gate; do
         # A dynamic binary would fail only at deploy time, in an image without libc.
         # readelf, not ldd: ldd cannot read a foreign architecture's binary.
-        if readelf -lW "$bin" | grep -q INTERP; then
+        if readelf -lW "$bin" | grep INTERP >/dev/null; then
             echo "release.sh: $bin is dynamically linked (it has a program interpreter)" >&2
             exit 1
         fi
         # build.rs strips drainit at the link (--strip-all), for every target;
         # drainit-gate by its release profile (Cargo.toml).
-        if readelf -SW "$bin" | grep -q '\.symtab'; then
+        if readelf -SW "$bin" | grep '\.symtab' >/dev/null; then
             echo "release.sh: $bin has a symbol table (not stripped)" >&2
             exit 1
         fi

@@ -73,7 +73,7 @@ fi
 skip=""
 if [ -z "$drainit" ]; then
     skip="no drainit binary (cargo build --release --target x86_64-unknown-linux-musl)"
-elif ! "$drainit" --help 2>/dev/null | grep -q -- '--proxy'; then
+elif ! "$drainit" --help 2>/dev/null | grep -- '--proxy' >/dev/null; then
     skip="$drainit has no --proxy (its --help does not list it)"
     drainit=""
 else

@@ -52,7 +52,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     pkgs=()
     for p in "${missing[@]}"; do
         # Only ask for packages this distribution actually has a candidate for.
-        if apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+        if apt-cache policy "$p" 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; then
             pkgs+=("$p")
         else
             say "no Debian package named $p here; it will be skipped"
