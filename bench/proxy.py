@@ -98,15 +98,28 @@ def proc_tree(pid):
     return out
 
 
-def cpu_ticks(pids):
-    """utime + stime of pids, in clock ticks."""
+def cpu_ns(pids):
+    """CPU time of pids so far, in ns: for each of their threads the first field
+    of /proc/PID/task/TID/schedstat (time spent on a CPU, user and system), or,
+    on a kernel without schedstat, utime + stime of /proc/PID/stat (whole clock
+    ticks, 10 ms: about 3 µs per request over a 3 s run at 1000 req/s)."""
     total = 0
     for p in pids:
+        try:
+            ns = 0
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    ns += int(f.read().split()[0])
+            total += ns
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
         try:
             with open(f"/proc/{p}/stat") as f:
                 st = f.read()
             fields = st[st.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])
+            hz = os.sysconf("SC_CLK_TCK")
+            total += (int(fields[11]) + int(fields[12])) * 1_000_000_000 // hz
         except (OSError, ValueError, IndexError):
             pass
     return total
@@ -193,22 +206,21 @@ def errors_of(res):
 
 
 def measure_rate(args, path, r):
-    hz = os.sysconf("SC_CLK_TCK")
     sampler = Sampler(path.pids) if path.pids else None
     if sampler:
         sampler.start()
-    c0 = cpu_ticks(path.pids)
+    c0 = cpu_ns(path.pids)
     res, tool_cpu, wall = run_oha(
         args, path.port, ["-q", str(args.rate), "--latency-correction"], args.rate_secs
     )
-    c1 = cpu_ticks(path.pids)
+    c1 = cpu_ns(path.pids)
     n = sum((res.get("statusCodeDistribution") or {}).values())
     path.errors += errors_of(res)
     lp = res["latencyPercentiles"]
     path.lat.append({p: lp[p] for p in PCTS})
     path.tool_cpu.append(100.0 * tool_cpu / wall)
     if path.pids and n:
-        path.cpu_us_per_req.append((c1 - c0) / hz * 1e6 / n)
+        path.cpu_us_per_req.append((c1 - c0) / 1e3 / n)
     if sampler:
         path.rss_rate.append(sampler.stop())
     log(
@@ -516,7 +528,7 @@ def report(args, paths, hwm, idle_rss, load, elapsed):
         f"(oha -q {args.rate} --latency-correction, {args.conns} connections); "
         f"ratios are drainit's added latency over the other proxy's (below 1 = drainit adds less). "
         f"Max req/s: oha closed loop, {args.conns} connections, {args.max_secs} s per round, median. "
-        f"CPU µs/req: the proxy's own user+system time over the fixed-rate run divided by its "
+        f"CPU µs/req: the proxy's own CPU time (all its threads, /proc/PID/task/*/schedstat, ns) over the fixed-rate run divided by its "
         f"requests. Upstream: nginx, one worker, a 1024-byte static file. "
         f"HAProxy {version([args.haproxy, '-v'])}, nginx {version([args.nginx, '-v'])}, "
         f"oha {version([args.oha, '--version'])}; "
