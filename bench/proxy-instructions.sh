@@ -113,22 +113,9 @@ count_haproxy() {
     local requests=$1 port out pid
     port=$(free_port)
     out="$work/hap.$RANDOM"
-    cat >"$out.cfg" <<EOF
-global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    option forwardfor
-    http-reuse always
-frontend f
-    bind 127.0.0.1:$port
-    default_backend b
-backend b
-    server app 127.0.0.1:$app_port
-EOF
+    # bench/proxy.sh's configuration, from bench/proxy.py.
+    python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import proxy; print(proxy.haproxy_conf(int(sys.argv[2]), int(sys.argv[3])))' \
+        "$here" "$port" "$app_port" >"$out.cfg"
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out.cg" \
         --log-file="$out.log" haproxy -f "$out.cfg" -db -q &
     pid=$!

@@ -98,6 +98,29 @@ def proc_tree(pid):
     return out
 
 
+def haproxy_conf(port, app_port):
+    """HAProxy's configuration for the bench: `mode http`, keep-alive both sides,
+    `http-reuse always`, `option forwardfor`, listening on 127.0.0.1:port, the app
+    on 127.0.0.1:app_port. bench/proxy-instructions.sh uses it too."""
+    return f"""global
+    maxconn 4000
+defaults
+    mode http
+    option http-keep-alive
+    option forwardfor
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+frontend fe
+    bind 127.0.0.1:{port}
+    default_backend app
+backend app
+    http-reuse always
+    server app 127.0.0.1:{app_port}
+"""
+
+
 def cpu_ns(pids):
     """CPU time of pids so far, in ns: for each of their threads the first field
     of /proc/PID/task/TID/schedstat (time spent on a CPU, user and system), or,
@@ -348,25 +371,7 @@ http {{
     )
     hap_conf = os.path.join(w, "haproxy.cfg")
     with open(hap_conf, "w") as f:
-        f.write(
-            f"""global
-    maxconn 4000
-defaults
-    mode http
-    option http-keep-alive
-    option forwardfor
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 60s
-frontend fe
-    bind 127.0.0.1:{ports['haproxy']}
-    default_backend app
-backend app
-    http-reuse always
-    server app 127.0.0.1:{ports['app']}
-"""
-        )
+        f.write(haproxy_conf(ports["haproxy"], ports["app"]))
 
     procs = []
     paths = []

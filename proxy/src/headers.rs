@@ -414,6 +414,14 @@ mod tests {
     }
 
     #[test]
+    fn each_hop_by_hop_name_has_its_own_bit() {
+        for (i, n) in HOP_BY_HOP_NAMES.iter().enumerate() {
+            assert_eq!(hop_by_hop_bit(n.as_str()), 1 << i, "{n}");
+        }
+        assert_eq!(hop_by_hop_bit("trailer"), 0);
+    }
+
+    #[test]
     fn an_h2c_upgrade_is_no_upgrade_and_its_fields_are_dropped() {
         let mut h = HeaderMap::new();
         h.insert(

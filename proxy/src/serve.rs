@@ -453,11 +453,11 @@ async fn serve_h1<S>(
 
 /// A future of a connection's task (hyper's connection, the gate's move, the
 /// watch for acknowledgements, the head watchdog) polled only when its own
-/// waker fired (or [`OnWake::wake`] was called)
-/// since its last poll, not at every turn of the task: `tokio::select!` polls
-/// every branch each time the task wakes, several times per request for
-/// hyper's I/O, and a `Notify` waiter polled again takes the `Notify`'s lock
-/// each time (about 1,500 instructions of a proxied request, callgrind).
+/// waker fired since its last poll (or [`OnWake::wake`] was called), not at
+/// every turn of the task: `tokio::select!` polls every branch each time the
+/// task wakes, several times per request for hyper's I/O, and a `Notify`
+/// waiter polled again takes the `Notify`'s lock each time. Measured with the
+/// rest of its change (bench/README.md, "CPU per request").
 struct OnWake {
     flag: Arc<WakeFlag>,
     /// The side future's waker: sets the flag and wakes the task.
