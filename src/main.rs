@@ -14,6 +14,12 @@ use std::rc::Rc;
 use tokio::sync::mpsc;
 
 use drainit::checks::CheckKind;
+
+/// `malloc`, with a cache of small blocks on the proxy's threads
+/// (`proxy/src/alloc.rs`).
+#[global_allocator]
+static ALLOCATOR: drainit_proxy::alloc::Allocator = drainit_proxy::alloc::Allocator;
+
 use drainit::checks::Checks;
 use drainit::config::{self, ProbeAddr, ProcessEnv};
 use drainit::driver::{Driver, Readiness};

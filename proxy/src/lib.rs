@@ -45,8 +45,12 @@
 //! - `outcome.rs`: the one guard that records an admitted request's outcome;
 //! - [`ledger`]: the counts; [`streams`]: WebSockets and event streams at
 //!   beat 3;
-//! - `shared.rs`: what all of them share; `runtime.rs`: the proxy's threads.
+//! - `shared.rs`: what all of them share; `runtime.rs`: the proxy's threads;
+//!   [`alloc`]: the process's allocator, with a cache on the proxy's threads.
 
+// A global allocator is unsafe code by its trait's contract.
+#[allow(unsafe_code)]
+pub mod alloc;
 mod body;
 mod forward;
 mod gate;

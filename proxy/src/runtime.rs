@@ -37,6 +37,7 @@ pub(super) fn spawn(
     let thread = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
+            super::alloc::cache_this_thread();
             let runtime = match RefusedThreads::build(threads) {
                 Ok(r) => r,
                 Err(e) => {
@@ -131,7 +132,9 @@ impl RefusedThreads {
             tokio::runtime::Builder::new_current_thread()
         } else {
             let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(threads).thread_name("drainit-proxy");
+            b.worker_threads(threads)
+                .thread_name("drainit-proxy")
+                .on_thread_start(super::alloc::cache_this_thread);
             b
         };
         BUILDING.set(true);
