@@ -18,9 +18,10 @@
 //! the cache wastes no memory on rounding.
 //!
 //! A thread's cache has no destructor (a global allocator may not use a
-//! thread-local with one: registering it allocates): the blocks a thread
-//! cached stay allocated if it exits (at most 440 KB, in practice what its
-//! last requests left). The proxy's threads live as long as drainit.
+//! thread-local with one: registering it allocates): a thread that exits
+//! calls [`flush_this_thread`] first (the proxy's runtime does, tokio's
+//! `on_thread_stop`), or the blocks it cached stay allocated (at most 440 KB,
+//! in practice what its last requests left).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -84,6 +85,31 @@ pub fn cache_this_thread() {
     });
 }
 
+/// This thread's cache off, and what it held back to `malloc`: for a thread
+/// about to exit (tokio's `on_thread_stop` on the proxy's runtime, whose
+/// blocking-pool threads come and go).
+pub fn flush_this_thread() {
+    let Ok(lists) = CACHE.try_with(|c| c.replace(ptr::null_mut())) else {
+        return;
+    };
+    if lists.is_null() {
+        return;
+    }
+    // SAFETY: the lists were this thread's and are unreachable now; each block
+    // on them is a `malloc`ed block holding the next one's address.
+    unsafe {
+        for list in &*lists {
+            let mut block = list.head;
+            while !block.is_null() {
+                let next = block.cast::<*mut u8>().read_unaligned();
+                System.dealloc(block, Layout::from_size_align_unchecked(1, 1));
+                block = next;
+            }
+        }
+        System.dealloc(lists.cast(), Layout::new::<[FreeList; CLASSES]>());
+    }
+}
+
 /// The class of a layout the cache serves, `None` for others (larger, or
 /// aligned beyond `malloc`'s 16 bytes).
 fn class(layout: Layout) -> Option<usize> {
@@ -111,9 +137,13 @@ fn class_size(c: usize) -> usize {
 }
 
 /// The layout every block of class `c` is allocated with.
+/// (Aligned to 8 for the 12-byte class, so that `System` calls `malloc`, not
+/// `posix_memalign`: `malloc` aligns every block to 16 on the targets drainit
+/// ships, musl's and glibc's x86_64 and aarch64.)
 fn class_layout(c: usize) -> Layout {
-    // SAFETY: 0 < class_size(c) <= SMALL_MAX, and 16 is a power of two.
-    unsafe { Layout::from_size_align_unchecked(class_size(c), 16) }
+    let size = class_size(c);
+    // SAFETY: 0 < size <= SMALL_MAX, and 8 and 16 are powers of two.
+    unsafe { Layout::from_size_align_unchecked(size, if size < 16 { 8 } else { 16 }) }
 }
 
 /// Runs `f` on this thread's list of class `c`, if its cache is on (and the
@@ -292,6 +322,29 @@ mod tests {
                 let p = a.alloc(aligned);
                 assert_eq!(p as usize % 64, 0);
                 a.dealloc(p, aligned);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A flushed thread's cache is off and empty: its next frees go to
+    /// `malloc`.
+    #[test]
+    fn a_flushed_thread_keeps_nothing_more() {
+        std::thread::spawn(|| {
+            cache_this_thread();
+            let a = Allocator;
+            let small = Layout::from_size_align(24, 8).unwrap();
+            unsafe {
+                let p = a.alloc(small);
+                a.dealloc(p, small);
+                assert_eq!(with_list(1, |l| l.len), Some(1));
+                flush_this_thread();
+                assert_eq!(with_list(1, |l| l.len), None);
+                let q = a.alloc(small);
+                a.dealloc(q, small);
+                assert_eq!(with_list(1, |l| l.len), None);
             }
         })
         .join()

@@ -64,6 +64,7 @@ pub(super) fn spawn(
             // Dropping the runtime drops every connection task: what is still
             // in flight is settled now (abandoned: `cut_all` came first).
             drop(runtime);
+            super::alloc::flush_this_thread();
         });
     // A thread whose runtime was not built is left as it is: it has ended,
     // or hangs (then drainit's exit ends it).
@@ -134,7 +135,8 @@ impl RefusedThreads {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(threads)
                 .thread_name("drainit-proxy")
-                .on_thread_start(super::alloc::cache_this_thread);
+                .on_thread_start(super::alloc::cache_this_thread)
+                .on_thread_stop(super::alloc::flush_this_thread);
             b
         };
         BUILDING.set(true);
