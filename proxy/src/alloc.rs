@@ -52,6 +52,37 @@ struct FreeList {
     len: u32,
 }
 
+impl FreeList {
+    /// The block most recently pushed, if any.
+    fn pop(&mut self) -> Option<*mut u8> {
+        let block = self.head;
+        if block.is_null() {
+            return None;
+        }
+        // SAFETY: a block on a list is a `malloc`ed block of at least 12
+        // bytes whose first 8 are the next one's address (`push`).
+        self.head = unsafe { block.cast::<*mut u8>().read_unaligned() };
+        self.len -= 1;
+        Some(block)
+    }
+
+    /// Keeps `block`, unless the list holds `depth` already (false).
+    ///
+    /// # Safety
+    /// `block` is a `malloc`ed block of at least 12 bytes that nothing else
+    /// uses any more.
+    unsafe fn push(&mut self, block: *mut u8, depth: u32) -> bool {
+        if self.len >= depth {
+            return false;
+        }
+        // SAFETY: as the caller's contract: room for an address.
+        unsafe { block.cast::<*mut u8>().write_unaligned(self.head) };
+        self.head = block;
+        self.len += 1;
+        true
+    }
+}
+
 thread_local! {
     /// This thread's lists, one per class: null until [`cache_this_thread`]
     /// (a pointer, so that the threads without a cache, the init's, carry
@@ -96,14 +127,11 @@ pub fn flush_this_thread() {
         return;
     }
     // SAFETY: the lists were this thread's and are unreachable now; each block
-    // on them is a `malloc`ed block holding the next one's address.
+    // on them came from `malloc`, which frees it whatever the layout says.
     unsafe {
-        for list in &*lists {
-            let mut block = list.head;
-            while !block.is_null() {
-                let next = block.cast::<*mut u8>().read_unaligned();
+        for list in &mut *lists {
+            while let Some(block) = list.pop() {
                 System.dealloc(block, Layout::from_size_align_unchecked(1, 1));
-                block = next;
             }
         }
         System.dealloc(lists.cast(), Layout::new::<[FreeList; CLASSES]>());
@@ -153,8 +181,9 @@ fn with_list<R>(c: usize, f: impl FnOnce(&mut FreeList) -> R) -> Option<R> {
     if lists.is_null() {
         return None;
     }
-    // SAFETY: the lists are this thread's (never freed), and `f` does not
-    // re-enter the allocator: no other reference to them exists meanwhile.
+    // SAFETY: the lists are this thread's (freed only by `flush_this_thread`,
+    // which unpublishes them first), and `f` does not re-enter the allocator:
+    // no other reference to them exists meanwhile.
     Some(f(unsafe { &mut (*lists)[c] }))
 }
 
@@ -172,35 +201,17 @@ unsafe impl GlobalAlloc for Allocator {
             // SAFETY: as the caller's contract.
             return unsafe { System.alloc(layout) };
         };
-        let cached = with_list(c, |list| {
-            let block = list.head;
-            if block.is_null() {
-                return None;
-            }
-            // SAFETY: a block on a list is a `malloc`ed block of at least
-            // 12 bytes whose first 8 are the next one's address.
-            list.head = unsafe { block.cast::<*mut u8>().read_unaligned() };
-            list.len -= 1;
-            Some(block)
-        })
-        .flatten();
+        let cached = with_list(c, FreeList::pop).flatten();
         // SAFETY: the class layout is valid and not zero-sized.
         cached.unwrap_or_else(|| unsafe { System.alloc(class_layout(c)) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(c) = class(layout) {
-            let kept = with_list(c, |list| {
-                if list.len >= if c < FINE { DEPTH } else { DEPTH_LARGE } {
-                    return false;
-                }
-                // SAFETY: the block is the allocator's again, with room for
-                // an address (at least its class's 12 bytes).
-                unsafe { ptr.cast::<*mut u8>().write_unaligned(list.head) };
-                list.head = ptr;
-                list.len += 1;
-                true
-            });
+            let depth = if c < FINE { DEPTH } else { DEPTH_LARGE };
+            // SAFETY: the block is the allocator's again, a `malloc`ed block
+            // of at least its class's size (12 bytes or more).
+            let kept = with_list(c, |list| unsafe { list.push(ptr, depth) });
             if kept == Some(true) {
                 return;
             }
@@ -273,15 +284,25 @@ mod tests {
         assert_eq!(last, CLASSES - 1);
     }
 
+    /// Runs `f` on a thread of its own, its cache on if `cache`, with the
+    /// allocator and a 24-byte layout (class 1).
+    fn on_a_thread(cache: bool, f: impl FnOnce(&Allocator, Layout) + Send + 'static) {
+        std::thread::spawn(move || {
+            if cache {
+                cache_this_thread();
+            }
+            f(&Allocator, Layout::from_size_align(24, 8).unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+
     /// Allocates, writes, grows, shrinks and frees through [`Allocator`] on a
     /// thread with the cache on: blocks come back from the cache, hold what
     /// was written, and a full class goes to `malloc`.
     #[test]
     fn cached_blocks_are_reused_and_keep_their_contents() {
-        std::thread::spawn(|| {
-            cache_this_thread();
-            let a = Allocator;
-            let small = Layout::from_size_align(24, 8).unwrap();
+        on_a_thread(true, |a, small| {
             unsafe {
                 let p = a.alloc(small);
                 ptr::write_bytes(p, 0xab, 24);
@@ -323,47 +344,34 @@ mod tests {
                 assert_eq!(p as usize % 64, 0);
                 a.dealloc(p, aligned);
             }
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// A flushed thread's cache is off and empty: its next frees go to
     /// `malloc`.
     #[test]
     fn a_flushed_thread_keeps_nothing_more() {
-        std::thread::spawn(|| {
-            cache_this_thread();
-            let a = Allocator;
-            let small = Layout::from_size_align(24, 8).unwrap();
-            unsafe {
-                let p = a.alloc(small);
-                a.dealloc(p, small);
-                assert_eq!(with_list(1, |l| l.len), Some(1));
-                flush_this_thread();
-                assert_eq!(with_list(1, |l| l.len), None);
-                let q = a.alloc(small);
-                a.dealloc(q, small);
-                assert_eq!(with_list(1, |l| l.len), None);
-            }
-        })
-        .join()
-        .unwrap();
+        on_a_thread(true, |a, small| unsafe {
+            let p = a.alloc(small);
+            a.dealloc(p, small);
+            assert_eq!(with_list(1, |l| l.len), Some(1));
+            flush_this_thread();
+            assert_eq!(with_list(1, |l| l.len), None);
+            let q = a.alloc(small);
+            a.dealloc(q, small);
+            assert_eq!(with_list(1, |l| l.len), None);
+        });
     }
 
     /// A thread that never turned its cache on frees straight to `malloc`.
     #[test]
     fn a_thread_without_the_cache_keeps_nothing() {
-        std::thread::spawn(|| {
-            let a = Allocator;
-            let small = Layout::from_size_align(24, 8).unwrap();
+        on_a_thread(false, |a, small| {
             unsafe {
                 let p = a.alloc(small);
                 a.dealloc(p, small);
             }
             assert_eq!(with_list(1, |l| l.len), None);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
