@@ -116,10 +116,12 @@ impl Drop for InFlight {
 /// retransmission timer says otherwise (200 ms at least), so a client that
 /// resets within that time after such a loss counts `completed`.
 ///
-/// Checked by the connection's [`Unflushed::watch`] while something waits
-/// (from 1 ms after the flush), at a flush of a later response, and by the
-/// lingering close ([`super::socket::Rewind`]'s
-/// drop). Dropped before that (drainit cut the connection, the client went,
+/// Checked at a flush of a later response (a keep-alive client's next request
+/// carries its acknowledgement of the response before), by the connection's
+/// [`Unflushed::watch`] while something waits ([`ACK_CHECK_QUICK`] after the
+/// connection's last flush, or [`ACK_CHECK_AFTER`] for a client that delays
+/// its acknowledgements, then every [`ACK_CHECK_AFTER`]), and by the lingering
+/// close ([`super::socket::Rewind`]'s drop). Dropped before that (drainit cut the connection, the client went,
 /// the linger ran out, drainit's exit), their guards record them `canceled`
 /// (`abandoned` after drainit's cut) as any request cut mid-response: a client
 /// that got a cut response is never counted `completed`, and the drain signal
@@ -131,9 +133,6 @@ pub(super) struct Unflushed {
     /// Bytes written to the client's socket so far.
     written: AtomicU64,
     pending: Mutex<Pending>,
-    /// Told when a flush leaves responses waiting for the client's
-    /// acknowledgement ([`Unflushed::watch`]).
-    sent: tokio::sync::Notify,
     /// What the client did to the connection first: [`PEER_OPEN`],
     /// [`PEER_CLOSED`] or [`PEER_RESET`].
     peer: AtomicU8,
@@ -164,6 +163,45 @@ struct Pending {
     /// Which of the connection's retransmissions may be of bytes the client
     /// has not acknowledged.
     resent: Resent,
+    /// [`Unflushed::watch`]'s timer, made at its first poll (in the runtime):
+    /// due [`ACK_CHECK_QUICK`] or [`ACK_CHECK_AFTER`] after the last flush
+    /// while responses wait, [`ACK_CHECK_IDLE`] after the last check when none
+    /// does.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The timer is due [`ACK_CHECK_QUICK`] after the last flush.
+    quick: bool,
+    /// A check [`ACK_CHECK_QUICK`] after a flush found the client had not
+    /// acknowledged yet: its TCP delays its acknowledgements, so the next
+    /// responses are checked [`ACK_CHECK_AFTER`] after the flush, until the
+    /// connection has been quiet that long.
+    delays_acks: bool,
+}
+
+impl Pending {
+    /// A flush left responses waiting: the watch checks [`ACK_CHECK_QUICK`]
+    /// from now, or [`ACK_CHECK_AFTER`] if this client delays its
+    /// acknowledgements.
+    fn flushed(&mut self) {
+        self.quick = !self.delays_acks;
+        self.check_in(if self.quick {
+            ACK_CHECK_QUICK
+        } else {
+            ACK_CHECK_AFTER
+        });
+    }
+
+    /// The watch's next check comes `after` from now. At a flush of a busy
+    /// connection the deadline only moves later, which tokio's timer takes
+    /// as a compare-and-swap: no task is woken and no check made until the
+    /// connection has been quiet that long. The waker the watch registered
+    /// stays with the timer across the move (tokio's `Sleep::reset`: its
+    /// entry keeps its waker until it fires; a timer that fired woke the
+    /// watch, whose next poll registers it again).
+    fn check_in(&mut self, after: Duration) {
+        if let Some(timer) = &mut self.timer {
+            timer.as_mut().reset(tokio::time::Instant::now() + after);
+        }
+    }
 }
 
 /// The connection's retransmitted segments (`tcpi_total_retrans`) sorted by
@@ -239,8 +277,10 @@ impl Unflushed {
 
     /// hyper flushed the connection: the responses it had taken are in the
     /// kernel, and [`Unflushed::watch`] checks for the client's
-    /// acknowledgement from 1 ms on. Responses flushed before these may have
-    /// been acknowledged meanwhile: they are checked now.
+    /// acknowledgement [`ACK_CHECK_QUICK`] (or [`ACK_CHECK_AFTER`]) from now
+    /// unless a later flush comes first. Responses flushed before these may have been acknowledged
+    /// meanwhile (a keep-alive client's next request carries the
+    /// acknowledgement): they are checked now.
     ///
     /// Not checked at every flush: hyper flushes each time its connection is
     /// polled, and a response just written is not acknowledged yet (a client's
@@ -251,23 +291,26 @@ impl Unflushed {
             return;
         }
         let end = self.written.load(SeqCst);
-        let earlier = {
-            let mut guard = self.lock();
-            let p = &mut *guard;
-            let earlier = !p.sent.is_empty();
-            // Drained in place: the list keeps its room for the next response.
-            p.sent.extend(p.taken.drain(..).map(|w| (end, w)));
-            earlier
-        };
-        if !earlier || !self.deliver() {
-            self.sent.notify_one();
+        let mut p = self.lock();
+        let earlier = !p.sent.is_empty();
+        // Drained in place: the list keeps its room for the next response.
+        let q = &mut *p;
+        q.sent.extend(q.taken.drain(..).map(|w| (end, w)));
+        if earlier {
+            self.deliver_in(&mut p);
+        }
+        if !p.sent.is_empty() {
+            p.flushed();
         }
     }
 
     /// Records `completed` the sent responses whose last byte the client
     /// acknowledged; true when none waits any more.
     pub(super) fn deliver(&self) -> bool {
-        let mut p = self.lock();
+        self.deliver_in(&mut self.lock())
+    }
+
+    fn deliver_in(&self, p: &mut Pending) -> bool {
         if p.sent.is_empty() {
             return true;
         }
@@ -302,42 +345,65 @@ impl Unflushed {
         p.sent.is_empty()
     }
 
-    /// Whether responses wait for the client's acknowledgement.
-    pub(super) fn waiting(&self) -> bool {
-        !self.lock().sent.is_empty()
-    }
-
     /// The connection is over and its client was not heard from in time:
     /// what it has not acknowledged is `canceled` (`abandoned` after
     /// drainit's cut), and so is what hyper never flushed.
     pub(super) fn give_up(&self) {
-        let (taken, sent) = {
+        let (taken, sent, timer) = {
             let mut p = self.lock();
             p.socket = None;
-            (std::mem::take(&mut p.taken), std::mem::take(&mut p.sent))
+            (
+                std::mem::take(&mut p.taken),
+                std::mem::take(&mut p.sent),
+                p.timer.take(),
+            )
         };
         // Recorded outside the lock.
-        drop((taken, sent));
+        drop((taken, sent, timer));
     }
 
-    /// Never returns: while the connection is open, whenever responses wait
-    /// for the client's acknowledgement, checks for it, 1 ms after the flush
-    /// and then twice as long each time up to [`ACK_CHECK_MAX`]. For the
-    /// connection's `select!`; restarted from the top at any point, it loses
-    /// nothing.
+    /// Never returns: while the connection is open and responses wait for
+    /// the client's acknowledgement, checks for it once the connection has
+    /// had no flush for [`ACK_CHECK_QUICK`] (a client that acknowledges at
+    /// once) or, once a client was found to delay its acknowledgements,
+    /// [`ACK_CHECK_AFTER`], and as long again after each check that finds
+    /// some still waiting. A busy connection is checked at its flushes
+    /// instead ([`Unflushed::flushed`]): its timer only moves. For the
+    /// connection's `select!`; dropped and made again, it loses nothing.
     pub(super) async fn watch(&self) {
+        std::future::poll_fn(|cx| self.poll_watch(cx)).await;
+    }
+
+    fn poll_watch(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut p = self.lock();
         loop {
-            if !self.waiting() {
-                self.sent.notified().await;
+            let after = if p.sent.is_empty() {
+                ACK_CHECK_IDLE
+            } else if p.quick {
+                ACK_CHECK_QUICK
+            } else {
+                ACK_CHECK_AFTER
+            };
+            let timer = p
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return std::task::Poll::Pending;
             }
-            let mut wait = Duration::from_millis(1);
-            loop {
-                tokio::time::sleep(wait).await;
-                if self.deliver() {
-                    break;
-                }
-                wait = (wait * 2).min(ACK_CHECK_MAX);
-            }
+            let none_waits = self.deliver_in(&mut p);
+            // Not acknowledged within the quick check: a delayed ACK (Linux
+            // delays them once a connection goes back and forth, until it
+            // has been quiet longer than its retransmission timeout). Quiet
+            // for ACK_CHECK_AFTER: the next response gets the quick check.
+            p.delays_acks = p.quick && !none_waits;
+            p.quick = false;
+            let after = if none_waits {
+                ACK_CHECK_IDLE
+            } else {
+                ACK_CHECK_AFTER
+            };
+            // Polled again at the top: the new deadline holds the waker.
+            p.check_in(after);
         }
     }
 }
@@ -426,9 +492,26 @@ fn queues(fd: RawFd) -> Option<Queues> {
     })
 }
 
-/// The longest wait between two checks for a client's acknowledgement
-/// ([`Unflushed::watch`]).
-const ACK_CHECK_MAX: Duration = Duration::from_millis(50);
+/// How long after a connection's last flush [`Unflushed::watch`] first
+/// checks for the client's acknowledgement: a client whose TCP acknowledges
+/// at once (a new connection's first segments, or after a quiet spell: Linux's
+/// quick-ACK mode) has it counted `completed` within about this.
+const ACK_CHECK_QUICK: Duration = Duration::from_millis(1);
+
+/// How long after a connection's last flush [`Unflushed::watch`] checks for
+/// the acknowledgement of a client that delays them, and then between two
+/// checks. Past the 40 ms a Linux client's TCP delays an acknowledgement at
+/// most once it has switched to delaying them (`TCP_DELACK_MIN`,
+/// `include/net/tcp.h`) when no data of its own carries it: a keep-alive
+/// client's next request usually does, sooner, and is checked at the flush of
+/// its response instead. With a check 1 ms after every flush, a client at 60
+/// requests per second on a connection had that check fail and a timer wake
+/// the connection's task once or more per request.
+const ACK_CHECK_AFTER: Duration = Duration::from_millis(50);
+
+/// The watch's timer while nothing waits: a flush brings it back to
+/// [`ACK_CHECK_AFTER`].
+const ACK_CHECK_IDLE: Duration = Duration::from_secs(3600);
 
 #[cfg(test)]
 mod tests {
@@ -510,6 +593,47 @@ mod tests {
         u.give_up();
         let t = s.ledger.totals();
         assert_eq!((t.completed, t.canceled, t.in_flight), (1, 2, 0));
+    }
+
+    /// A response flushed on a connection that then goes quiet is counted
+    /// `completed` by the connection's watch, with no later flush or close:
+    /// its timer, due after the flush, checks the client's acknowledgement.
+    #[test]
+    fn the_watch_completes_a_response_on_a_connection_gone_quiet() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = shared();
+        let req = Request::get("/a").body(()).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut server, _) = l.accept().unwrap();
+        let u = Arc::new(Unflushed::default());
+        u.set_socket(Some(server.as_raw_fd()));
+        rt.block_on(async {
+            let watched = u.clone();
+            let watch = tokio::spawn(async move { watched.watch().await });
+            // The watch's first poll makes its timer, as at a connection's start.
+            tokio::task::yield_now().await;
+            for round in 1..=3 {
+                u.push(InFlight::admit(s.clone(), &req), None);
+                server.write_all(b"response").unwrap();
+                u.wrote(8);
+                u.flushed();
+                let mut got = [0u8; 8];
+                client.read_exact(&mut got).unwrap();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                while s.ledger.totals().completed < round {
+                    assert!(tokio::time::Instant::now() < deadline, "never completed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                assert_eq!(s.ledger.in_flight(), 0);
+            }
+            watch.abort();
+        });
     }
 
     /// A retransmission counts against the bytes outstanding until the client
