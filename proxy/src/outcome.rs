@@ -164,42 +164,66 @@ struct Pending {
     /// has not acknowledged.
     resent: Resent,
     /// [`Unflushed::watch`]'s timer, made at its first poll (in the runtime):
-    /// due [`ACK_CHECK_QUICK`] or [`ACK_CHECK_AFTER`] after the last flush
-    /// while responses wait, [`ACK_CHECK_IDLE`] after the last check when none
-    /// does.
+    /// due [`ACK_CHECK_QUICK`] or [`ACK_CHECK_AFTER`] after the last flush of
+    /// a response while responses wait, [`ACK_CHECK_IDLE`] after the last
+    /// check when none does. Dropped with the socket ([`Unflushed::set_socket`]).
     timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The timer is due [`ACK_CHECK_QUICK`] after the last flush.
     quick: bool,
     /// A check [`ACK_CHECK_QUICK`] after a flush found the client had not
-    /// acknowledged yet: its TCP delays its acknowledgements, so the next
-    /// responses are checked [`ACK_CHECK_AFTER`] after the flush, until the
-    /// connection has been quiet that long.
+    /// acknowledged yet: its TCP delays its acknowledgements (or its round
+    /// trip is longer than that), so the next responses are checked
+    /// [`ACK_CHECK_AFTER`] after their flush, until a response comes after a
+    /// quiet spell of [`ACK_QUICK_AGAIN`].
     delays_acks: bool,
+    /// When a response was last flushed.
+    last_flush: Option<tokio::time::Instant>,
 }
 
 impl Pending {
-    /// A flush left responses waiting: the watch checks [`ACK_CHECK_QUICK`]
-    /// from now, or [`ACK_CHECK_AFTER`] if this client delays its
-    /// acknowledgements.
+    /// A flush of responses left some waiting: the watch checks
+    /// [`ACK_CHECK_QUICK`] from now, or [`ACK_CHECK_AFTER`] if this client
+    /// delays its acknowledgements (unless the connection was quiet for
+    /// [`ACK_QUICK_AGAIN`] before this flush).
     fn flushed(&mut self) {
+        let now = tokio::time::Instant::now();
+        if self
+            .last_flush
+            .is_some_and(|t| now.saturating_duration_since(t) >= ACK_QUICK_AGAIN)
+        {
+            self.delays_acks = false;
+        }
+        self.last_flush = Some(now);
         self.quick = !self.delays_acks;
-        self.check_in(if self.quick {
-            ACK_CHECK_QUICK
-        } else {
-            ACK_CHECK_AFTER
-        });
+        self.check_at(
+            now + if self.quick {
+                ACK_CHECK_QUICK
+            } else {
+                ACK_CHECK_AFTER
+            },
+        );
     }
 
-    /// The watch's next check comes `after` from now. At a flush of a busy
-    /// connection the deadline only moves later, which tokio's timer takes
-    /// as a compare-and-swap: no task is woken and no check made until the
-    /// connection has been quiet that long. The waker the watch registered
-    /// stays with the timer across the move (tokio's `Sleep::reset`: its
-    /// entry keeps its waker until it fires; a timer that fired woke the
-    /// watch, whose next poll registers it again).
-    fn check_in(&mut self, after: Duration) {
+    /// The watch's next check comes at `when`. Between the responses of a
+    /// busy connection the deadline only moves later, which tokio's timer
+    /// takes as a compare-and-swap: no task is woken and no check made until
+    /// the connection has had no response flushed for that long. Moved
+    /// earlier (the first flush after a quiet spell) or after it fired, the
+    /// timer is registered again under the timer's lock.
+    ///
+    /// The waker the watch registered stays with the timer across the move:
+    /// tokio's own timer (1.54, `runtime/time/entry.rs`: `reset` swaps the
+    /// deadline or re-registers the entry, and the entry keeps its waker until
+    /// it fires; a timer that fired woke the watch, whose next poll registers
+    /// it again). tokio does not document it, and its alternative timer
+    /// (`tokio_unstable`'s `enable_alt_timer`, not used here) makes a new
+    /// entry at each reset: the unit test
+    /// `the_watch_completes_a_response_on_a_connection_gone_quiet` moves the
+    /// deadline both ways with nothing else to wake the watch, and fails if a
+    /// tokio update stops keeping the waker.
+    fn check_at(&mut self, when: tokio::time::Instant) {
         if let Some(timer) = &mut self.timer {
-            timer.as_mut().reset(tokio::time::Instant::now() + after);
+            timer.as_mut().reset(when);
         }
     }
 }
@@ -271,8 +295,20 @@ impl Unflushed {
 
     /// The client's socket (`Some`) or its close (`None`): see
     /// [`Pending::socket`].
+    /// The timer goes with the socket's close: the watch that polled it is
+    /// gone with the connection, and the lingering close checks on its own.
     pub(super) fn set_socket(&self, socket: Option<RawFd>) {
-        self.lock().socket = socket;
+        let timer = {
+            let mut p = self.lock();
+            p.socket = socket;
+            if socket.is_none() {
+                p.timer.take()
+            } else {
+                None
+            }
+        };
+        // Dropped outside the lock (it takes the timer's).
+        drop(timer);
     }
 
     /// hyper flushed the connection: the responses it had taken are in the
@@ -393,9 +429,11 @@ impl Unflushed {
             let none_waits = self.deliver_in(&mut p);
             // Not acknowledged within the quick check: a delayed ACK (Linux
             // delays them once a connection goes back and forth, until it
-            // has been quiet longer than its retransmission timeout). Quiet
-            // for ACK_CHECK_AFTER: the next response gets the quick check.
-            p.delays_acks = p.quick && !none_waits;
+            // has been quiet longer than its retransmission timeout), or a
+            // round trip longer than the check's wait.
+            if p.quick && !none_waits {
+                p.delays_acks = true;
+            }
             p.quick = false;
             let after = if none_waits {
                 ACK_CHECK_IDLE
@@ -403,7 +441,7 @@ impl Unflushed {
                 ACK_CHECK_AFTER
             };
             // Polled again at the top: the new deadline holds the waker.
-            p.check_in(after);
+            p.check_at(tokio::time::Instant::now() + after);
         }
     }
 }
@@ -492,22 +530,34 @@ fn queues(fd: RawFd) -> Option<Queues> {
     })
 }
 
-/// How long after a connection's last flush [`Unflushed::watch`] first
-/// checks for the client's acknowledgement: a client whose TCP acknowledges
-/// at once (a new connection's first segments, or after a quiet spell: Linux's
-/// quick-ACK mode) has it counted `completed` within about this.
+/// How long after a connection's last flush of a response [`Unflushed::watch`]
+/// first checks for the client's acknowledgement: a nearby client (a round
+/// trip well under this) whose TCP acknowledges at once (a new connection's
+/// first segments, or after a quiet spell: Linux's quick-ACK mode) has its
+/// response counted `completed` 1–2 ms after the flush (tokio's timer rounds
+/// up to the next millisecond). A client further away fails this check once
+/// and is then checked as one that delays its acknowledgements.
 const ACK_CHECK_QUICK: Duration = Duration::from_millis(1);
 
-/// How long after a connection's last flush [`Unflushed::watch`] checks for
-/// the acknowledgement of a client that delays them, and then between two
-/// checks. Past the 40 ms a Linux client's TCP delays an acknowledgement at
-/// most once it has switched to delaying them (`TCP_DELACK_MIN`,
-/// `include/net/tcp.h`) when no data of its own carries it: a keep-alive
-/// client's next request usually does, sooner, and is checked at the flush of
-/// its response instead. With a check 1 ms after every flush, a client at 60
+/// How long after a connection's last flush of a response [`Unflushed::watch`]
+/// checks for the acknowledgement of a client that delays them, and then
+/// between two checks. A Linux client delays an acknowledgement that no data
+/// of its own carries by at most the longer of 40 ms (`TCP_DELACK_MIN`,
+/// `include/net/tcp.h`) and its round trip (`tcp_send_delayed_ack`), so a
+/// client within a few milliseconds is checked once, as its acknowledgement
+/// has come, and one further away within 50 ms of it. A keep-alive client's
+/// next request usually carries it sooner, and is checked at the flush of its
+/// response instead. With a check 1 ms after every flush, a client at 60
 /// requests per second on a connection had that check fail and a timer wake
 /// the connection's task once or more per request.
 const ACK_CHECK_AFTER: Duration = Duration::from_millis(50);
+
+/// A response flushed after the connection had none flushed for this long is
+/// checked [`ACK_CHECK_QUICK`] after its flush again, whatever the client
+/// did before: Linux acknowledges at once again data that comes after a gap
+/// longer than the connection's retransmission timeout (200 ms at least,
+/// `TCP_RTO_MIN`; `tcp_event_data_recv`).
+const ACK_QUICK_AGAIN: Duration = Duration::from_millis(200);
 
 /// The watch's timer while nothing waits: a flush brings it back to
 /// [`ACK_CHECK_AFTER`].
@@ -597,7 +647,8 @@ mod tests {
 
     /// A response flushed on a connection that then goes quiet is counted
     /// `completed` by the connection's watch, with no later flush or close:
-    /// its timer, due after the flush, checks the client's acknowledgement.
+    /// its timer, due after the flush and moved by the flushes that follow,
+    /// checks the client's acknowledgement.
     #[test]
     fn the_watch_completes_a_response_on_a_connection_gone_quiet() {
         use std::io::{Read, Write};
@@ -618,15 +669,21 @@ mod tests {
             let watch = tokio::spawn(async move { watched.watch().await });
             // The watch's first poll makes its timer, as at a connection's start.
             tokio::task::yield_now().await;
+            // Each round: the deadline moved earlier by the first flush (from
+            // the idle one, or after the check that fired), then later by a
+            // second flush right after it; nothing but the timer wakes the
+            // watch after that.
             for round in 1..=3 {
-                u.push(InFlight::admit(s.clone(), &req), None);
-                server.write_all(b"response").unwrap();
-                u.wrote(8);
-                u.flushed();
-                let mut got = [0u8; 8];
+                for _ in 0..2 {
+                    u.push(InFlight::admit(s.clone(), &req), None);
+                    server.write_all(b"response").unwrap();
+                    u.wrote(8);
+                    u.flushed();
+                }
+                let mut got = [0u8; 16];
                 client.read_exact(&mut got).unwrap();
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while s.ledger.totals().completed < round {
+                while s.ledger.totals().completed < 2 * round {
                     assert!(tokio::time::Instant::now() < deadline, "never completed");
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
