@@ -576,6 +576,24 @@ mod tests {
         Arc::new(Shared::new(app, None, ready_ask, Duration::ZERO).unwrap())
     }
 
+    /// A connected pair on the loopback: (client, drainit's side).
+    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (client, l.accept().unwrap().0)
+    }
+
+    /// A request of `s` answered on `server`: its 8-byte response taken
+    /// whole, written and flushed.
+    fn respond(u: &Unflushed, s: &Arc<Shared>, server: &mut std::net::TcpStream) {
+        use std::io::Write;
+        let req = Request::get("/a").body(()).unwrap();
+        u.push(InFlight::admit(s.clone(), &req), None);
+        server.write_all(b"response").unwrap();
+        u.wrote(8);
+        u.flushed();
+    }
+
     /// The path's outcome is recorded once; a guard dropped with nothing
     /// recorded is `canceled`, `abandoned` after drainit's cut; a rejected
     /// request's 503 is counted before the request leaves `in_flight`.
@@ -611,19 +629,14 @@ mod tests {
     /// connection is over is `canceled`, and so is one never flushed.
     #[test]
     fn an_unflushed_response_completes_once_the_client_has_it_or_is_canceled() {
-        use std::io::{Read, Write};
+        use std::io::Read;
         use std::os::fd::AsRawFd;
         let s = shared();
         let req = Request::get("/a").body(()).unwrap();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut server, _) = l.accept().unwrap();
+        let (mut client, mut server) = tcp_pair();
         let u = Unflushed::default();
         u.set_socket(Some(server.as_raw_fd()));
-        u.push(InFlight::admit(s.clone(), &req), None);
-        server.write_all(b"response").unwrap();
-        u.wrote(8);
-        u.flushed();
+        respond(&u, &s, &mut server);
         let mut got = [0u8; 8];
         client.read_exact(&mut got).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -651,17 +664,14 @@ mod tests {
     /// checks the client's acknowledgement.
     #[test]
     fn the_watch_completes_a_response_on_a_connection_gone_quiet() {
-        use std::io::{Read, Write};
+        use std::io::Read;
         use std::os::fd::AsRawFd;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let s = shared();
-        let req = Request::get("/a").body(()).unwrap();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut server, _) = l.accept().unwrap();
+        let (mut client, mut server) = tcp_pair();
         let u = Arc::new(Unflushed::default());
         u.set_socket(Some(server.as_raw_fd()));
         rt.block_on(async {
@@ -674,12 +684,8 @@ mod tests {
             // second flush right after it; nothing but the timer wakes the
             // watch after that.
             for round in 1..=3 {
-                for _ in 0..2 {
-                    u.push(InFlight::admit(s.clone(), &req), None);
-                    server.write_all(b"response").unwrap();
-                    u.wrote(8);
-                    u.flushed();
-                }
+                respond(&u, &s, &mut server);
+                respond(&u, &s, &mut server);
                 let mut got = [0u8; 16];
                 client.read_exact(&mut got).unwrap();
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
