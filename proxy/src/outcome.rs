@@ -295,6 +295,7 @@ impl Unflushed {
 
     /// The client's socket (`Some`) or its close (`None`): see
     /// [`Pending::socket`].
+    ///
     /// The timer goes with the socket's close: the watch that polled it is
     /// gone with the connection, and the lingering close checks on its own.
     pub(super) fn set_socket(&self, socket: Option<RawFd>) {
@@ -314,9 +315,9 @@ impl Unflushed {
     /// hyper flushed the connection: the responses it had taken are in the
     /// kernel, and [`Unflushed::watch`] checks for the client's
     /// acknowledgement [`ACK_CHECK_QUICK`] (or [`ACK_CHECK_AFTER`]) from now
-    /// unless a later flush comes first. Responses flushed before these may have been acknowledged
-    /// meanwhile (a keep-alive client's next request carries the
-    /// acknowledgement): they are checked now.
+    /// unless a later flush comes first. Responses flushed before these may
+    /// have been acknowledged meanwhile (a keep-alive client's next request
+    /// carries the acknowledgement): they are checked now.
     ///
     /// Not checked at every flush: hyper flushes each time its connection is
     /// polled, and a response just written is not acknowledged yet (a client's
@@ -400,8 +401,8 @@ impl Unflushed {
 
     /// Never returns: while the connection is open and responses wait for
     /// the client's acknowledgement, checks for it once the connection has
-    /// had no flush for [`ACK_CHECK_QUICK`] (a client that acknowledges at
-    /// once) or, once a client was found to delay its acknowledgements,
+    /// had no response flushed for [`ACK_CHECK_QUICK`] (a client that
+    /// acknowledges at once) or, once a client was found to delay its acknowledgements,
     /// [`ACK_CHECK_AFTER`], and as long again after each check that finds
     /// some still waiting. A busy connection is checked at its flushes
     /// instead ([`Unflushed::flushed`]): its timer only moves. For the
@@ -543,9 +544,9 @@ const ACK_CHECK_QUICK: Duration = Duration::from_millis(1);
 /// checks for the acknowledgement of a client that delays them, and then
 /// between two checks. A Linux client delays an acknowledgement that no data
 /// of its own carries by at most the longer of 40 ms (`TCP_DELACK_MIN`,
-/// `include/net/tcp.h`) and its round trip (`tcp_send_delayed_ack`), so a
-/// client within a few milliseconds is checked once, as its acknowledgement
-/// has come, and one further away within 50 ms of it. A keep-alive client's
+/// `include/net/tcp.h`) and its round trip (`tcp_send_delayed_ack`): the
+/// first check finds the acknowledgement of a client a few milliseconds away,
+/// and a check comes within 50 ms of that of a client further away. A keep-alive client's
 /// next request usually carries it sooner, and is checked at the flush of its
 /// response instead. With a check 1 ms after every flush, a client at 60
 /// requests per second on a connection had that check fail and a timer wake
@@ -559,8 +560,8 @@ const ACK_CHECK_AFTER: Duration = Duration::from_millis(50);
 /// `TCP_RTO_MIN`; `tcp_event_data_recv`).
 const ACK_QUICK_AGAIN: Duration = Duration::from_millis(200);
 
-/// The watch's timer while nothing waits: a flush brings it back to
-/// [`ACK_CHECK_AFTER`].
+/// The watch's timer while nothing waits: the next flush of a response
+/// brings it back to [`ACK_CHECK_QUICK`] or [`ACK_CHECK_AFTER`].
 const ACK_CHECK_IDLE: Duration = Duration::from_secs(3600);
 
 #[cfg(test)]
