@@ -14,12 +14,6 @@ use std::rc::Rc;
 use tokio::sync::mpsc;
 
 use drainit::checks::CheckKind;
-
-/// `malloc`, with a cache of small blocks on the proxy's threads
-/// (`proxy/src/alloc.rs`).
-#[global_allocator]
-static ALLOCATOR: drainit_proxy::alloc::Allocator = drainit_proxy::alloc::Allocator;
-
 use drainit::checks::Checks;
 use drainit::config::{self, ProbeAddr, ProcessEnv};
 use drainit::driver::{Driver, Readiness};
@@ -35,6 +29,11 @@ use drainit::report::Report;
 use drainit::signals::{self, SignalStream};
 use drainit::spawn::{self, ChildSpec};
 use drainit::util::io_word_or_text;
+
+/// `malloc`, with a cache of small blocks on the proxy's threads
+/// (`proxy/src/alloc.rs`).
+#[global_allocator]
+static ALLOCATOR: drainit_proxy::alloc::Allocator = drainit_proxy::alloc::Allocator;
 
 // drainit has its own C `main`: std's start-up (a stack-overflow handler found by
 // reading /proc/self/maps, an alternate signal stack, the SIGSEGV/SIGBUS handlers,

@@ -185,7 +185,7 @@ impl Pending {
     /// [`ACK_CHECK_QUICK`] from now, or [`ACK_CHECK_AFTER`] if this client
     /// delays its acknowledgements (unless the connection was quiet for
     /// [`ACK_QUICK_AGAIN`] before this flush).
-    fn flushed(&mut self) {
+    fn arm_after_flush(&mut self) {
         let now = tokio::time::Instant::now();
         if self
             .last_flush
@@ -195,13 +195,20 @@ impl Pending {
         }
         self.last_flush = Some(now);
         self.quick = !self.delays_acks;
-        self.check_at(
-            now + if self.quick {
-                ACK_CHECK_QUICK
-            } else {
-                ACK_CHECK_AFTER
-            },
-        );
+        self.check_at(now + self.wait());
+    }
+
+    /// How long the watch's timer waits from now: [`ACK_CHECK_IDLE`] while
+    /// no response waits, else [`ACK_CHECK_QUICK`] for the quick check and
+    /// [`ACK_CHECK_AFTER`] otherwise.
+    fn wait(&self) -> Duration {
+        if self.sent.is_empty() {
+            ACK_CHECK_IDLE
+        } else if self.quick {
+            ACK_CHECK_QUICK
+        } else {
+            ACK_CHECK_AFTER
+        }
     }
 
     /// The watch's next check comes at `when`. Between the responses of a
@@ -337,7 +344,7 @@ impl Unflushed {
             self.deliver_in(&mut p);
         }
         if !p.sent.is_empty() {
-            p.flushed();
+            p.arm_after_flush();
         }
     }
 
@@ -386,17 +393,13 @@ impl Unflushed {
     /// what it has not acknowledged is `canceled` (`abandoned` after
     /// drainit's cut), and so is what hyper never flushed.
     pub(super) fn give_up(&self) {
-        let (taken, sent, timer) = {
+        let (taken, sent) = {
             let mut p = self.lock();
             p.socket = None;
-            (
-                std::mem::take(&mut p.taken),
-                std::mem::take(&mut p.sent),
-                p.timer.take(),
-            )
+            (std::mem::take(&mut p.taken), std::mem::take(&mut p.sent))
         };
         // Recorded outside the lock.
-        drop((taken, sent, timer));
+        drop((taken, sent));
     }
 
     /// Never returns: while the connection is open and responses wait for
@@ -414,13 +417,7 @@ impl Unflushed {
     fn poll_watch(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let mut p = self.lock();
         loop {
-            let after = if p.sent.is_empty() {
-                ACK_CHECK_IDLE
-            } else if p.quick {
-                ACK_CHECK_QUICK
-            } else {
-                ACK_CHECK_AFTER
-            };
+            let after = p.wait();
             let timer = p
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
@@ -436,12 +433,8 @@ impl Unflushed {
                 p.delays_acks = true;
             }
             p.quick = false;
-            let after = if none_waits {
-                ACK_CHECK_IDLE
-            } else {
-                ACK_CHECK_AFTER
-            };
             // Polled again at the top: the new deadline holds the waker.
+            let after = p.wait();
             p.check_at(tokio::time::Instant::now() + after);
         }
     }
