@@ -23,6 +23,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -38,18 +39,23 @@ use crate::metrics::Metrics;
 use crate::phases::{PhaseResult, Phases};
 use crate::proxy::{Gate, Proxy};
 use crate::published::Published;
-use crate::reaper::Reaper;
+use crate::reaper::{Reaper, Unreaped};
 use crate::report::{Facts, Report};
-use crate::signals::{self, Signal, SignalStream};
+use crate::signals::{self, Signal, SignalStream, SignalThread};
 use crate::spawn::Launcher;
 use crate::teardown::Teardown;
-use crate::tree::{AppTree, Kills, Real, Tree};
+use crate::tree::{AppTree, AtOnce, Kills, Real, Tree};
 use crate::util::{fmt_ms, sleep_until};
 
 /// Where the driver reads signals from.
 pub enum Signals {
-    /// The signalfd (drainit itself).
+    /// The signals' thread (drainit itself): what it sent on at once is marked.
+    Thread(SignalThread),
+    /// The signalfd on the runtime (drainit itself, when the thread could not
+    /// be started).
     Fd(SignalStream),
+    /// Nothing: only while the signalfd moves to its thread.
+    Idle,
     /// Batches sent on a channel (the driver's tests, with a fake tree). A closed
     /// channel never yields.
     Channel(tokio::sync::mpsc::UnboundedReceiver<Vec<signals::Received>>),
@@ -63,7 +69,13 @@ impl Signals {
         mut at_once: impl FnMut(&mut [signals::Received]),
     ) -> Vec<signals::Received> {
         match self {
+            Signals::Thread(t) => {
+                let mut batch = t.recv().await;
+                at_once(&mut batch);
+                batch
+            }
             Signals::Fd(fd) => fd.recv(at_once).await,
+            Signals::Idle => std::future::pending().await,
             Signals::Channel(rx) => match rx.recv().await {
                 Some(mut batch) => {
                     at_once(&mut batch);
@@ -82,6 +94,9 @@ impl Signals {
 /// whole way, in the kernel's order: the main child's exit read with it is
 /// ordered against its signals first, and a drain signal's beat 1 comes before
 /// anything else (systemd and `timeout(1)` send SIGCONT right after SIGTERM).
+/// The signals' thread applies the same rule as it reads ([`crate::tree::AtOnce`]),
+/// while no read it handed the loop is still waiting for the loop's step; what
+/// it left unsent because one was is sent here, after that step.
 fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree) {
     if batch
         .iter()
@@ -91,7 +106,8 @@ fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree
     }
     let mut sent = false;
     for r in batch {
-        if r.signal.is_reserved() {
+        // Sent already by the signals' thread.
+        if r.signal.is_reserved() || r.forwarded.is_some() {
             continue;
         }
         if let Some(to) = drain.forwarded_at_once(r.signal)
@@ -109,6 +125,15 @@ fn forward_at_once(batch: &mut [signals::Received], drain: &Drain, app: &AppTree
     }
 }
 
+/// What the signals' thread will forward by itself ([`AtOnce`]): to the main
+/// child `pid`'s target, which the reaper holds while it waits.
+fn at_once_of(cfg: &Config, reaper: &RefCell<Reaper>, pid: i32) -> AtOnce {
+    let to_group = cfg.forward_to == ForwardTo::Group;
+    let unreaped = Arc::new(Unreaped::new(AppTree::target_of(pid, to_group)));
+    reaper.borrow_mut().share_main(unreaped.clone());
+    AtOnce::new(unreaped, &cfg.drain_signals, &cfg.rewrite)
+}
+
 /// What readiness first passing waits for (docs/probes.md).
 pub struct Readiness {
     /// The configured checks (none: only `app_ready`, or ready at once).
@@ -120,6 +145,10 @@ pub struct Readiness {
 /// What wakes the loop besides its timers.
 struct Inputs {
     signals: Signals,
+    /// The signals' thread, started after the first read the loop forwarded
+    /// at once: an app never sent such a signal never costs drainit a thread
+    /// (start-up, memory). `None` once started or refused, and in tests.
+    signal_thread: Option<AtOnce>,
     /// What readiness waits for, until [`Driver::run`] starts its task.
     readiness: Option<Readiness>,
     /// Yields once readiness passed (the task [`Driver::run`] starts).
@@ -192,6 +221,7 @@ impl Driver {
         launcher: Launcher,
         child_pid: i32,
     ) -> Driver {
+        let at_once = at_once_of(&cfg, &reaper, child_pid);
         let mut driver = Driver::with_tree(
             cfg,
             reaper,
@@ -201,6 +231,7 @@ impl Driver {
             readiness,
             child_pid,
         );
+        driver.inputs.signal_thread = Some(at_once);
         driver.teardown = Teardown::new(driver.cfg.teardown.clone(), launcher.clone());
         driver.phases = Phases::new(driver.cfg.phases.clone(), launcher);
         driver
@@ -239,6 +270,7 @@ impl Driver {
             reaper,
             inputs: Inputs {
                 signals,
+                signal_thread: None,
                 readiness: Some(readiness),
                 ready_rx: None,
                 reap_more: false,
@@ -398,7 +430,13 @@ impl Driver {
                     self.queue.push_back(Event::Routed);
                 }
             }
-            Woke::Signals(received) => self.on_signals(received),
+            Woke::Signals(received) => {
+                let forwarded = received.iter().any(|r| r.forwarded.is_some());
+                self.on_signals(received);
+                if forwarded {
+                    self.start_signal_thread();
+                }
+            }
             Woke::Ready => {
                 self.inputs.ready_rx = None;
                 log::info!("ready: every readiness check passed");
@@ -818,6 +856,31 @@ impl Driver {
             let k = self.app.chase();
             self.on_kills(k, false);
         }
+    }
+
+    /// The signalfd goes to the signals' thread, once: from the next read on, what
+    /// needs no decision is sent as it is read, without waiting for this loop's
+    /// turn. Where the thread cannot be started (a pids limit), signals stay
+    /// read here, and drainit says so once.
+    fn start_signal_thread(&mut self) {
+        if !matches!(self.inputs.signals, Signals::Fd(_)) {
+            return;
+        }
+        let Some(at_once) = self.inputs.signal_thread.take() else {
+            return;
+        };
+        let Signals::Fd(stream) = std::mem::replace(&mut self.inputs.signals, Signals::Idle) else {
+            unreachable!("matched above");
+        };
+        self.inputs.signals = match stream.into_thread(move |read| at_once.forward(read)) {
+            Ok(thread) => Signals::Thread(thread),
+            Err((stream, e)) => {
+                log::info!(
+                    "no thread of its own for signals ({e}): they are read and forwarded in the main loop's turn"
+                );
+                Signals::Fd(stream)
+            }
+        };
     }
 
     /// A batch of signals read at once: the main child's exit read with it (if

@@ -23,10 +23,14 @@
 //! **Signals.** drainit installs no signal handler. At start — in a constructor
 //! the C library runs before `main`, so that a SIGTERM sent right after exec is
 //! neither fatal nor (as PID 1) discarded — it blocks every catchable signal but
-//! the fault signals and SIGPIPE, and reads them from a `signalfd` ([`signals`]). The child is started (`clone(CLONE_VM | CLONE_VFORK)`,
+//! the fault signals and SIGPIPE, and reads them from a `signalfd` ([`signals`]): in
+//! the loop's turn until the first signal forwarded at once, then on a thread of its
+//! own that sends at once what needs no decision ([`tree::AtOnce`]) and hands every
+//! read to the loop. The child is started (`clone(CLONE_VM | CLONE_VFORK)`,
 //! as `posix_spawn` does, [`spawn`]) with everything still blocked and restores,
 //! before `exec`, the mask drainit inherited; drainit changed no disposition but
-//! SIGPIPE (ignored for itself, given back as inherited), so the child inherits
+//! SIGPIPE's and, at their default, 32–34's (the C libraries' own: ignored for
+//! itself, given back as inherited), so the child inherits
 //! drainit's inherited dispositions as they were (`nohup drainit -- app` keeps
 //! ignoring HUP). Signals that are not drain signals are forwarded at once to the
 //! child (or its group), after `--rewrite`; 32 and 33, the C libraries' own, are
@@ -43,7 +47,9 @@
 //! on the one runtime thread that also reaps, and turns the counts the tree
 //! returns (killed, unkillable) into events. The tree signals only processes it
 //! has just seen alive and unreaped, in that same synchronous step: a pid is
-//! never signalled after it was reaped.
+//! never signalled after it was reaped (the signals' thread forwards to the main
+//! child holding the lock the reaper holds around its `waitpid`,
+//! [`reaper::Unreaped`]).
 //! `kill(-1, SIGKILL)` is used only when drainit is PID 1, where it means "every
 //! process of this PID namespace". Signal first, account after: the forward and the
 //! SIGKILL are sent before any `/proc` walk that only counts (in a tree of

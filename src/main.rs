@@ -317,6 +317,9 @@ fn start_proxy(
         threads,
     ) {
         Ok(p) => {
+            // Its threads' creation unblocked the C library's own signals here
+            // (the first `pthread_create`): blocked again, as in those threads.
+            signals::reblock();
             log::info!(
                 "proxy: {} -> {} ({} thread(s))",
                 spec.listen,

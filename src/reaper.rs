@@ -16,10 +16,13 @@
 //! Invariant: a pid is forgotten the moment it is reaped, so nobody signals a pid
 //! that may have been reused (CONVENTIONS "Never signal a pid after it was reaped").
 //! Registration happens in the same synchronous step as the spawn, on the one
-//! runtime thread, so a helper cannot be reaped before it is registered.
+//! runtime thread, so a helper cannot be reaped before it is registered. The
+//! signals' thread forwards to the main child outside that step: it does so
+//! holding [`Unreaped`], which each wait that can reap the main child holds too.
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
@@ -80,10 +83,34 @@ pub struct Round {
 /// The most processes reaped in one [`Reaper::reap`] round.
 pub const MAX_REAP: usize = 256;
 
+/// The main child's forward target (its pid, or `-pgid` with `--forward-to
+/// group`) while it is unreaped, 0 once it is reaped: shared with the signals'
+/// thread, which forwards holding it ([`crate::tree::AtOnce`]). The reaper holds
+/// it around each wait that can reap the main child and sets 0 when one did, so a
+/// forward from that thread either comes before the reap (the pid is still the
+/// child's, a zombie at worst) or finds 0: never a reaped, reusable pid.
+#[derive(Debug, Default)]
+pub struct Unreaped(Mutex<i32>);
+
+impl Unreaped {
+    /// `target`: the main child's forward target; 0 until it is known.
+    pub fn new(target: i32) -> Unreaped {
+        Unreaped(Mutex::new(target))
+    }
+
+    /// Holds the target (a panic while it was held leaves the value as it was:
+    /// a plain integer has no broken state).
+    pub fn hold(&self) -> MutexGuard<'_, i32> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// The registry of waited-for pids.
 pub struct Reaper {
     waiter: Rc<dyn Waiter>,
     main: Option<i32>,
+    /// Shared with the signals' thread while the main child is unreaped.
+    unreaped: Option<Arc<Unreaped>>,
     waiters: HashMap<i32, oneshot::Sender<ChildExit>>,
     /// The process groups the exec checks lead (a helper's pgid is its pid),
     /// kept after the check is reaped while the group has members: what a check
@@ -110,6 +137,7 @@ impl Reaper {
         Reaper {
             waiter,
             main: None,
+            unreaped: None,
             waiters: HashMap::new(),
             groups: HashSet::new(),
             orphans: 0,
@@ -119,6 +147,12 @@ impl Reaper {
     /// Records the main child's pid (right after the spawn).
     pub fn set_main(&mut self, pid: i32) {
         self.main = Some(pid);
+    }
+
+    /// Shares the main child's forward target with the signals' thread: held
+    /// around every wait that can reap the main child, set to 0 when one does.
+    pub fn share_main(&mut self, unreaped: Arc<Unreaped>) {
+        self.unreaped = Some(unreaped);
     }
 
     /// Registers a helper pid; its status arrives on the returned channel. Call in
@@ -175,7 +209,11 @@ impl Reaper {
     /// unlike a full reap round, so beat 1 is not delayed by a storm of orphans.
     pub fn reap_main(&mut self) -> Option<ChildExit> {
         let pid = self.main?;
+        let mut held = self.unreaped.as_deref().map(Unreaped::hold);
         let exit = self.waiter.wait_pid(pid)?;
+        if let Some(target) = held.as_mut() {
+            **target = 0;
+        }
         self.main = None;
         Some(exit)
     }
@@ -184,6 +222,8 @@ impl Reaper {
     /// [`Round::more`].
     pub fn reap(&mut self) -> Round {
         let mut round = Round::default();
+        // Held only while the main child is unreaped: after, nothing forwards.
+        let mut held = self.main.and(self.unreaped.as_deref()).map(Unreaped::hold);
         for n in 0.. {
             if n == MAX_REAP {
                 round.more = true;
@@ -193,6 +233,9 @@ impl Reaper {
                 Waited::Exited(pid, exit) => {
                     if Some(pid) == self.main {
                         self.main = None;
+                        if let Some(target) = held.take().as_mut() {
+                            **target = 0;
+                        }
                         round.main = Some(exit);
                     } else if let Some(tx) = self.waiters.remove(&pid) {
                         // The receiver may be gone (a check that timed out): fine.

@@ -2,7 +2,9 @@
 //!
 //! Owns: how a signal is named (`TERM`, `SIGTERM`, `15`, `RTMIN+3`), which signals
 //! drainit catches and forwards (docs/processes-and-signals.md), and the one source of
-//! signals, a `signalfd(2)` read on the tokio runtime.
+//! signals, a `signalfd(2)`: read on the tokio runtime ([`SignalStream`]) until the
+//! driver hands it to a thread of its own ([`SignalThread`]), which sends the
+//! forward of a read that needs no decision as soon as the read returns.
 //!
 //! Must not: install a signal handler. drainit blocks every signal it catches for
 //! its whole life and reads them from a signalfd (catatonit's design). No handler
@@ -17,6 +19,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use nix::sys::signal::{SigSet, Signal as NixSignal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -319,9 +323,94 @@ pub fn block_caught() -> std::io::Result<InheritedMask> {
     sigprocmask_raw(libc::SIG_BLOCK, caught_set().as_ref(), Some(&mut old))?;
     // SAFETY: a sigset_t the kernel filled in; its bits are signal numbers 1–64.
     let old = unsafe { SigSet::from_sigset_t_unchecked(old) };
+    // At their default action, ignored for drainit itself (a handler of the C
+    // library's own, glibc's, is left as it is).
+    let ignored = LIBC_OWN.fold(0u8, |bits, n| match sigaction_raw(n, None) {
+        Ok(libc::SIG_DFL) => {
+            let _ = sigaction_raw(n, Some(libc::SIG_IGN));
+            bits
+        }
+        Ok(libc::SIG_IGN) => bits | (1 << (n - LIBC_OWN.start())),
+        _ => bits,
+    });
     let _ = INHERITED.set(InheritedMask(old));
+    let _ = LIBC_OWN_IGNORED.set(ignored);
     Ok(InheritedMask(old))
 }
+
+/// The C libraries' own signals: 32 and 33 (glibc), 32 to 34 (musl).
+const LIBC_OWN: std::ops::RangeInclusive<i32> = 32..=34;
+
+/// `rt_sigaction(2)` itself (the C libraries' `sigaction` refuses 32–34): sets
+/// signal `n`'s disposition to `set` (SIG_IGN or SIG_DFL) when given, and
+/// returns the one it had. Async-signal-safe (the spawned child calls it).
+///
+/// drainit ignores 32–34 for itself when it finds them at their default action,
+/// blocked as they are: a blocked signal is never ignored but queued
+/// (signal(7)), so the signalfd still reads it. What the ignore covers is a
+/// thread the C library creates: musl's `pthread_create` starts each new thread
+/// with 33 unblocked, and unblocks 32–34 in the calling thread the first time,
+/// until drainit blocks them again (`reblock`); a process-directed 33 or 34
+/// (glibc's SIGRTMIN, an app's signal) taken by such a thread in that window
+/// would otherwise kill drainit by its default action.
+///
+/// # Errors
+/// The system call failed (it cannot, for 1–64 and these two dispositions).
+#[allow(unsafe_code)]
+fn sigaction_raw(n: i32, set: Option<libc::sighandler_t>) -> std::io::Result<libc::sighandler_t> {
+    /// The kernel's `struct sigaction` (x86_64 and arm64 alike: both have
+    /// `sa_restorer`), for SIG_IGN and SIG_DFL: no handler, flags or mask.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: libc::sighandler_t,
+        flags: libc::c_ulong,
+        restorer: usize,
+        mask: u64,
+    }
+    let of = |handler| KernelSigaction {
+        handler,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    let act = set.map(of);
+    let mut old = of(libc::SIG_DFL);
+    let act_ptr = act
+        .as_ref()
+        .map_or(std::ptr::null(), |a| a as *const KernelSigaction);
+    // SAFETY: rt_sigaction(2) reads one `struct sigaction` from `act_ptr` when
+    // it is not null and writes one to `old`, locals of the kernel's layout,
+    // with an 8-byte mask.
+    let rc = unsafe { libc::syscall(libc::SYS_rt_sigaction, n, act_ptr, &raw mut old, 8usize) };
+    if rc == 0 {
+        Ok(old.handler)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Gives 32–34 back the dispositions drainit inherited (SIG_IGN or SIG_DFL: a
+/// handler does not survive `exec`), in a child between `clone` and `exec`.
+/// Async-signal-safe: an atomic read and raw system calls.
+///
+/// # Errors
+/// A system call failed (it cannot).
+pub(crate) fn give_back_libc_own() -> std::io::Result<()> {
+    let ignored = LIBC_OWN_IGNORED.get().copied().unwrap_or(0);
+    for n in LIBC_OWN {
+        let was = if ignored & (1 << (n - LIBC_OWN.start())) != 0 {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        sigaction_raw(n, Some(was))?;
+    }
+    Ok(())
+}
+
+/// Which of 32–34 drainit found ignored at its start (bit 0: 32), set with
+/// [`INHERITED`].
+static LIBC_OWN_IGNORED: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
 
 /// Blocks the caught signals again in the calling thread: after `pthread_create`,
 /// which unblocks the signals the C library keeps for itself in both threads.
@@ -458,6 +547,148 @@ impl SignalStream {
     /// The raw fd, to check it is not leaked into the child (tests).
     pub fn raw_fd(&self) -> i32 {
         self.fd.get_ref().as_raw_fd()
+    }
+
+    /// Hands the signalfd to a thread of its own ([`SignalThread`]), which
+    /// calls `at_once` on each read before the read goes to the loop. Gives the
+    /// stream back when the thread cannot be started (a pids limit, docs/processes-and-signals.md):
+    /// signals are then read on the runtime, as the loop's own step.
+    ///
+    /// # Errors
+    /// The stream itself and why the thread could not be started.
+    pub fn into_thread(
+        self,
+        at_once: impl Fn(&mut [Received]) + Send + 'static,
+    ) -> Result<SignalThread, (SignalStream, std::io::Error)> {
+        let (fd_tx, fd_rx) = tokio::sync::oneshot::channel::<SignalFd>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let waiting = Arc::new(AtomicU32::new(0));
+        let handed = waiting.clone();
+        let spawned = std::thread::Builder::new()
+            .name("drainit-signals".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                reblock();
+                if let Ok(sfd) = fd_rx.blocking_recv() {
+                    read_on_thread(&sfd, &tx, &handed, &at_once);
+                }
+            });
+        // The C library's `pthread_create` unblocks the signals it keeps for
+        // itself in the calling thread and the new one: blocked again here and
+        // at the top of the new thread (as `logging::Queue::start` does).
+        reblock();
+        if let Err(e) = spawned {
+            return Err((self, e));
+        }
+        // Off the runtime's epoll (no wake-up of the loop per signal) and
+        // blocking: the thread waits in its read.
+        let sfd = self.fd.into_inner();
+        set_blocking(&sfd);
+        // The thread waits for it: the send cannot fail.
+        let _ = fd_tx.send(sfd);
+        Ok(SignalThread {
+            rx,
+            waiting,
+            counted: false,
+        })
+    }
+}
+
+/// The signals' thread's stack: its frames are the read's buffer and the log
+/// line of a failed send (a 2 MiB default would be reserved for nothing).
+const THREAD_STACK: usize = 64 * 1024;
+
+/// Clears `O_NONBLOCK` (`fcntl(2)`). Should it fail (it cannot, on a
+/// signalfd), the thread's reads return `EAGAIN` and it retries after a yield.
+fn set_blocking(sfd: &SignalFd) {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    if let Ok(flags) = fcntl(sfd, FcntlArg::F_GETFL) {
+        let flags = OFlag::from_bits_truncate(flags) - OFlag::O_NONBLOCK;
+        let _ = fcntl(sfd, FcntlArg::F_SETFL(flags));
+    }
+}
+
+/// The loop of the signals' thread: each read (up to [`BATCH`] signals, the
+/// kernel's order) goes to `at_once` first while no earlier read waits for the
+/// loop's step, then to the loop. A read the loop must decide on (a signal
+/// `at_once` did not send: a drain signal, SIGCHLD, anything once the main child
+/// is gone) is counted in `waiting` until the loop asks for the next one: until
+/// then, later reads go to the loop unsent, so a SIGCONT that follows a SIGTERM
+/// still comes after beat 1 (systemd and `timeout(1)` send them in that order).
+fn read_on_thread(
+    sfd: &SignalFd,
+    tx: &tokio::sync::mpsc::UnboundedSender<(Vec<Received>, bool)>,
+    waiting: &AtomicU32,
+    at_once: &impl Fn(&mut [Received]),
+) {
+    let mut buf = [0u8; SIGINFO_SIZE * BATCH];
+    loop {
+        let n = match nix::unistd::read(sfd, &mut buf) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => {
+                std::thread::yield_now();
+                continue;
+            }
+            Err(e) => {
+                log::error!("reading the signalfd failed: {e}; signals are no longer read");
+                return;
+            }
+        };
+        // Parsed on the stack and sent on before anything is allocated.
+        let mut read = [Received::new(Signal(0), 0); BATCH];
+        let k = n / SIGINFO_SIZE;
+        for (r, rec) in read.iter_mut().zip(buf[..n].chunks_exact(SIGINFO_SIZE)) {
+            *r = parse_siginfo(rec);
+        }
+        let read = &mut read[..k];
+        if waiting.load(Ordering::Acquire) == 0 {
+            at_once(read);
+        }
+        let counted = read
+            .iter()
+            .any(|r| r.forwarded.is_none() && !r.signal.is_reserved());
+        if counted {
+            waiting.fetch_add(1, Ordering::AcqRel);
+        }
+        if tx.send((read.to_vec(), counted)).is_err() {
+            // The loop is gone: drainit is exiting.
+            return;
+        }
+    }
+}
+
+/// The signals read by the signals' thread, in the kernel's order, for the loop.
+pub struct SignalThread {
+    rx: tokio::sync::mpsc::UnboundedReceiver<(Vec<Received>, bool)>,
+    /// Reads handed to the loop for a decision and not yet processed.
+    waiting: Arc<AtomicU32>,
+    /// The last read returned is one of them.
+    counted: bool,
+}
+
+impl SignalThread {
+    /// The next read: each signal either sent on already ([`Received::forwarded`])
+    /// or for the loop to decide. The loop asks again only after its step took
+    /// the last read, which is then counted as processed.
+    pub async fn recv(&mut self) -> Vec<Received> {
+        // Asked again: the loop's step took the last read.
+        self.processed();
+        match self.rx.recv().await {
+            Some((read, counted)) => {
+                self.counted = counted;
+                read
+            }
+            // The thread stopped (logged): nothing more comes.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The loop's step took the last read: the thread may send at once again.
+    fn processed(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

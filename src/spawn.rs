@@ -234,7 +234,12 @@ extern "C" fn exec_child(arg: *mut libc::c_void) -> libc::c_int {
     if a.set_ids && !switch_ids(a) {
         return fail(a);
     }
-    // The mask drainit inherited, replacing drainit's own (nearly everything).
+    // 32–34 as drainit found them (it ignores them for itself), while still
+    // blocked; then the mask drainit inherited, replacing drainit's own (nearly
+    // everything).
+    if crate::signals::give_back_libc_own().is_err() {
+        return fail(a);
+    }
     if crate::signals::sigprocmask_raw(libc::SIG_SETMASK, &a.mask, None).is_err() {
         return fail(a);
     }

@@ -18,14 +18,18 @@
 //! Invariant: a pid is signalled only while it is known alive and unreaped: each
 //! read and kill happen in one synchronous step, with no reap in between
 //! (CONVENTIONS "Never signal a pid after it was reaped"), and every process gets
-//! the drain signal from drainit at most once.
+//! the drain signal from drainit at most once. The one send outside the loop's
+//! step, [`AtOnce`]'s forward from the signals' thread, holds the main child's
+//! target, which the reaper holds too ([`crate::reaper::Unreaped`]).
 
 mod app;
+mod at_once;
 #[cfg(test)]
 pub(crate) mod fake;
 mod ledger;
 
 pub use app::{AppTree, DrainForward, Kills};
+pub use at_once::AtOnce;
 pub use ledger::{Abandoned, ProcessLedger};
 
 use std::cell::RefCell;

@@ -104,6 +104,51 @@ fn a_fork_the_process_limit_refuses_is_named() {
     assert!(!err.contains("child-ran"), "{err}");
 }
 
+/// The signals' thread refused by the pids limit (RLIMIT_NPROC 2 for a uid no
+/// account has: drainit and its child, a single process, are its two tasks) is
+/// no failure: drainit says so and reads its signals in the loop's turn, as
+/// before the thread existed. Forwarded signals reach the app, and a SIGTERM
+/// drains it.
+#[test]
+fn signals_are_still_forwarded_when_the_pids_limit_refuses_their_thread() {
+    // sigapp.py as uid 64103, once the test made the marks file writable (it
+    // waits for that without a process of its own: exec only).
+    let app = sigapp("app", &[]);
+    let (python, script) = (app[2].as_str(), app[3].as_str());
+    let wait = "import os, sys, time\n\
+                while not os.access(os.environ['MARK'], os.W_OK): time.sleep(0.02)\n\
+                os.execv(sys.executable, [sys.executable, sys.argv[1]])";
+    let args = [
+        OFF,
+        "--pre-drain-delay",
+        "0s",
+        "--",
+        "env",
+        "NAME=app",
+        python,
+        "-c",
+        wait,
+        script,
+    ];
+    let mut r = Running::start_with(Start {
+        mode: Mode::Subreaper,
+        launch: &["--user", "64103", "--nproc", "2"],
+        args: &args,
+        env: &[],
+    });
+    std::fs::set_permissions(&r.mark, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    r.wait_started(&["app"]);
+    r.signal(libc::SIGUSR1);
+    assert!(r.wait_mark("app: got SIGUSR1", secs(5)), "{}", r.marks());
+    r.signal(libc::SIGTERM);
+    let (rc, _) = r.wait(secs(10));
+    let err = r.stderr_text();
+    assert_eq!(rc, 0, "{err}");
+    assert!(r.has("app: got SIGTERM"), "{}", r.marks());
+    assert!(err.contains("no thread of its own for signals"), "{err}");
+    assert_eq!(r.count("app: got "), 2, "{}", r.marks());
+}
+
 #[test]
 fn bad_input_is_64_or_78_and_starts_nothing() {
     let tmp = TmpDir::new("usage");
@@ -210,28 +255,61 @@ fn sigchld_and_sigpipe_sent_to_drainit_are_not_forwarded() {
 /// orphan the app; they are read and dropped, and drainit goes on forwarding.
 #[test]
 fn the_c_librarys_own_signals_neither_kill_drainit_nor_reach_the_app() {
-    for mode in BOTH {
+    let [listen, upstream] = free_ports::<2>();
+    let proxy = format!("--proxy=127.0.0.1:{listen}=127.0.0.1:{upstream}");
+    // Each of drainit's threads counts: the C library unblocks these signals in
+    // every thread it creates. Without --proxy, the signals' thread (started by
+    // the first forward, SIGUSR1 here); with it, the proxy's too.
+    let runs: [(Mode, &[&str]); 3] = [
+        (Mode::Subreaper, &[]),
+        (Mode::Pid1, &[]),
+        (Mode::Subreaper, &[&proxy, "--proxy-threads", "2"]),
+    ];
+    for (mode, extra) in runs {
         let app = sigapp("app", &[]);
-        let mut args = vec![OFF, "--pre-drain-delay", "0s", "--"];
+        let mut args = vec![OFF, "--pre-drain-delay", "0s"];
+        args.extend_from_slice(extra);
+        args.push("--");
         args.extend(app.iter().map(String::as_str));
         let mut r = Running::start(mode, &args);
         r.wait_started(&["app"]);
-        r.signal(32);
-        r.signal(33);
+        for sig in [32, 33] {
+            r.signal(sig);
+        }
         r.signal(libc::SIGUSR1);
         assert!(
             r.wait_mark("app: got SIGUSR1", secs(5)),
-            "{mode:?}: drainit stopped forwarding: {}",
+            "{mode:?} {extra:?}: drainit stopped forwarding: {}",
             r.marks()
         );
-        assert_eq!(r.count("app: got "), 1, "{mode:?}: {}", r.marks());
+        // Again, with the signals' thread running; 34 is glibc's SIGRTMIN, the
+        // app's, forwarded.
+        for sig in [32, 33, 34] {
+            r.signal(sig);
+        }
+        r.signal(libc::SIGUSR2);
+        assert!(
+            r.wait_mark("app: got SIGUSR2", secs(5)),
+            "{mode:?} {extra:?}: drainit stopped forwarding: {}",
+            r.marks()
+        );
+        assert!(
+            r.wait_mark("app: got SIGRTMIN+0", secs(5)),
+            "{mode:?} {extra:?}: {}",
+            r.marks()
+        );
+        assert_eq!(r.count("app: got "), 3, "{mode:?} {extra:?}: {}", r.marks());
         r.signal(libc::SIGTERM);
         let (code, _) = r.wait(secs(10));
-        assert_eq!(code, 0, "{mode:?}: {}", r.stderr_text());
+        assert_eq!(code, 0, "{mode:?} {extra:?}: {}", r.stderr_text());
         let log = r.stderr_text();
-        assert!(
-            log.contains("ignored signal 32") && log.contains("ignored signal 33"),
-            "{mode:?}: {log}"
+        assert_eq!(
+            (
+                log.matches("ignored signal 32").count(),
+                log.matches("ignored signal 33").count()
+            ),
+            (2, 2),
+            "{mode:?} {extra:?}: {log}"
         );
     }
 }

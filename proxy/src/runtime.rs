@@ -37,6 +37,7 @@ pub(super) fn spawn(
     let thread = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
+            block_libc_signals();
             super::alloc::cache_this_thread();
             let runtime = match RefusedThreads::build(threads) {
                 Ok(r) => r,
@@ -135,7 +136,10 @@ impl RefusedThreads {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(threads)
                 .thread_name("drainit-proxy")
-                .on_thread_start(super::alloc::cache_this_thread)
+                .on_thread_start(|| {
+                    block_libc_signals();
+                    super::alloc::cache_this_thread();
+                })
                 .on_thread_stop(super::alloc::flush_this_thread);
             b
         };
@@ -150,5 +154,31 @@ impl Drop for RefusedThreads {
     fn drop(&mut self) {
         let hook = self.hook.clone();
         std::panic::set_hook(Box::new(move |info| hook(info)));
+    }
+}
+
+/// Blocks 32, 33 and 34 in the calling thread again, as the rest of drainit's
+/// caught signals are (each thread inherits its creator's mask): the C library's
+/// `pthread_create` unblocks the signals it keeps for itself in every new
+/// thread (musl: 33, and in its creator 32 to 34 on the first thread), and a
+/// process-directed 33 or 34 (glibc's SIGRTMIN, an app's signal that drainit
+/// forwards) would then be taken by this thread's default action, which kills
+/// drainit. Called first thing on each of the proxy's threads; drainit's main
+/// thread does the same after starting them (`signals::reblock`).
+#[allow(unsafe_code)]
+fn block_libc_signals() {
+    // The kernel's 64-bit mask: bit n-1 for signal n.
+    let mask: u64 = (1 << 31) | (1 << 32) | (1 << 33);
+    // SAFETY: rt_sigprocmask(2) reads one 8-byte mask from a valid pointer to a
+    // local and writes nothing (the old-mask pointer is null). Raw: the C
+    // libraries' wrappers refuse these three signals.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &raw const mask,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
     }
 }

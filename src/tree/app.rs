@@ -242,11 +242,13 @@ impl AppTree {
     /// Where a forwarded signal goes: the main child's pid, or its process
     /// group's (negative) with `--forward-to group`.
     pub fn forward_target(&self) -> i32 {
-        if self.child.to_group {
-            -self.child.pid
-        } else {
-            self.child.pid
-        }
+        AppTree::target_of(self.child.pid, self.child.to_group)
+    }
+
+    /// Where a forward to main child `pid` goes: `pid`, or its process group
+    /// (`-pid`, the child leads it) with `to_group` (`--forward-to group`).
+    pub fn target_of(pid: i32, to_group: bool) -> i32 {
+        if to_group { -pid } else { pid }
     }
 
     fn send(&self, target: i32, sig: Signal) {
@@ -768,7 +770,7 @@ impl Kills {
 
 /// Sends `sig` to `target` (a pid, or a negated process group); failures are
 /// logged but for `ESRCH`.
-fn send_to(kernel: &dyn Tree, target: i32, sig: Signal) {
+pub(super) fn send_to(kernel: &dyn Tree, target: i32, sig: Signal) {
     match kernel.kill(target, sig) {
         Ok(()) => {}
         // ESRCH: the target is already gone (it races with its own exit).
