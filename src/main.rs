@@ -407,6 +407,8 @@ async fn spawn_and_supervise(setup: Setup) -> i32 {
         }
     };
     reaper.borrow_mut().set_main(pid);
+    // The first thread now, while the app execs (see its doc).
+    signals::become_threaded();
     log_started(&spec, pid);
     hold_nothing(&inherited);
 

@@ -771,11 +771,16 @@ impl Kills {
 /// Sends `sig` to `target` (a pid, or a negated process group); failures are
 /// logged but for `ESRCH`.
 pub(super) fn send_to(kernel: &dyn Tree, target: i32, sig: Signal) {
-    match kernel.kill(target, sig) {
-        Ok(()) => {}
-        // ESRCH: the target is already gone (it races with its own exit).
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-        Err(e) => log::warn!("sending {sig} to {target} failed: {e}"),
+    if let Err(e) = kernel.kill(target, sig) {
+        report_failed_send(target, sig, &e);
+    }
+}
+
+/// Logs a failed send of `sig` to `target`, but for `ESRCH`: the target is
+/// already gone (it races with its own exit).
+pub(super) fn report_failed_send(target: i32, sig: Signal, e: &std::io::Error) {
+    if e.raw_os_error() != Some(libc::ESRCH) {
+        log::warn!("sending {sig} to {target} failed: {e}");
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::{Real, app::send_to};
+use super::{Real, Tree, app::report_failed_send};
 use crate::reaper::Unreaped;
 use crate::signals::{Received, RewriteMap, Signal};
 
@@ -60,22 +60,31 @@ impl AtOnce {
         if batch.iter().any(to_loop) {
             return;
         }
-        let target = self.target.hold();
-        if *target == 0 {
+        let held = self.target.hold();
+        let target = *held;
+        if target == 0 {
             return;
         }
         let mut sent = false;
+        // A failure is logged after the target is let go: a log line may wait
+        // for a stalled stderr, and the reaper must not wait with it.
+        let mut failed = None;
         for r in batch.iter_mut() {
             let out = usize::try_from(r.signal.0)
                 .ok()
                 .and_then(|n| self.table.get(n).copied().flatten());
             if let Some(to) = out {
-                send_to(&Real, *target, to);
+                if let Err(e) = Real.kill(target, to) {
+                    failed.get_or_insert((to, e));
+                }
                 r.forwarded = Some(to);
                 sent = true;
             }
         }
-        drop(target);
+        drop(held);
+        if let Some((sig, e)) = failed {
+            report_failed_send(target, sig, &e);
+        }
         if sent {
             // The app was just woken, often onto this CPU (the scheduler places
             // a wakee near its waker): it runs before this thread hands the read
