@@ -302,13 +302,16 @@ fn the_c_librarys_own_signals_neither_kill_drainit_nor_reach_the_app() {
         r.signal(libc::SIGTERM);
         let (code, _) = r.wait(secs(10));
         assert_eq!(code, 0, "{mode:?} {extra:?}: {}", r.stderr_text());
+        // Each read and dropped with a warning; the second 33 may instead be
+        // dropped unread, by the signals' thread in its first moments (the C
+        // library starts every thread with 33 unblocked; drainit ignores it).
         let log = r.stderr_text();
-        assert_eq!(
-            (
-                log.matches("ignored signal 32").count(),
-                log.matches("ignored signal 33").count()
-            ),
-            (2, 2),
+        let (n32, n33) = (
+            log.matches("ignored signal 32").count(),
+            log.matches("ignored signal 33").count(),
+        );
+        assert!(
+            n32 == 2 && (1..=2).contains(&n33),
             "{mode:?} {extra:?}: {log}"
         );
     }
