@@ -315,6 +315,7 @@ fn start_proxy(
         ReadinessAsks::new(ready_ask, asked),
         cfg.stream_spread(),
         threads,
+        signals::reblock,
     ) {
         Ok(p) => {
             // Its threads' creation unblocked the C library's own signals here

@@ -89,7 +89,7 @@ pub const MAX_REAP: usize = 256;
 /// it around each wait that can reap the main child and sets 0 when one did, so a
 /// forward from that thread either comes before the reap (the pid is still the
 /// child's, a zombie at worst) or finds 0: never a reaped, reusable pid.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Unreaped(Mutex<i32>);
 
 impl Unreaped {

@@ -273,26 +273,22 @@ fn the_c_librarys_own_signals_neither_kill_drainit_nor_reach_the_app() {
         args.extend(app.iter().map(String::as_str));
         let mut r = Running::start(mode, &args);
         r.wait_started(&["app"]);
-        for sig in [32, 33] {
-            r.signal(sig);
-        }
-        r.signal(libc::SIGUSR1);
-        assert!(
-            r.wait_mark("app: got SIGUSR1", secs(5)),
-            "{mode:?} {extra:?}: drainit stopped forwarding: {}",
-            r.marks()
-        );
+        // `sigs`, then `last`, which must reach the app.
+        let send = |r: &mut Running, sigs: &[i32], last: i32, shown: &str| {
+            for &sig in sigs {
+                r.signal(sig);
+            }
+            r.signal(last);
+            assert!(
+                r.wait_mark(&format!("app: got {shown}"), secs(5)),
+                "{mode:?} {extra:?}: drainit stopped forwarding: {}",
+                r.marks()
+            );
+        };
+        send(&mut r, &[32, 33], libc::SIGUSR1, "SIGUSR1");
         // Again, with the signals' thread running; 34 is glibc's SIGRTMIN, the
         // app's, forwarded.
-        for sig in [32, 33, 34] {
-            r.signal(sig);
-        }
-        r.signal(libc::SIGUSR2);
-        assert!(
-            r.wait_mark("app: got SIGUSR2", secs(5)),
-            "{mode:?} {extra:?}: drainit stopped forwarding: {}",
-            r.marks()
-        );
+        send(&mut r, &[32, 33, 34], libc::SIGUSR2, "SIGUSR2");
         assert!(
             r.wait_mark("app: got SIGRTMIN+0", secs(5)),
             "{mode:?} {extra:?}: {}",

@@ -209,7 +209,11 @@ impl Proxy {
     /// `spread`: over how long the open streams are closed at beat 3
     /// (`--stream-spread`). The health path (`health`) is answered as `/readyz`:
     /// `ready_ask` reaches drainit's `probe::answer_readiness` on the supervisor's
-    /// thread.
+    /// thread. `thread_start` runs first on each of the proxy's threads: drainit's
+    /// `signals::reblock`, which blocks again what the C library's
+    /// `pthread_create` unblocked in the new thread (33 on musl; a
+    /// process-directed 33 or 34 taken there would end drainit by its default
+    /// action).
     pub fn start(
         listener: StdListener,
         spec: ProxySpec,
@@ -217,13 +221,20 @@ impl Proxy {
         ready_ask: readiness::ReadinessAsks,
         spread: Duration,
         threads: usize,
+        thread_start: fn(),
     ) -> std::io::Result<Proxy> {
         let shared = Arc::new(Shared::new(spec.upstream, health, ready_ask, spread)?);
         shared.ledger.set_epoch(Instant::now());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let clients = Arc::new(Clients::new(spec.upstream, UPSTREAM_IDLE));
-        let (thread, runtime) =
-            runtime::spawn(listener, shared.clone(), clients.clone(), threads, stop_rx)?;
+        let (thread, runtime) = runtime::spawn(
+            listener,
+            shared.clone(),
+            clients.clone(),
+            threads,
+            stop_rx,
+            thread_start,
+        )?;
         Ok(Proxy {
             shared,
             clients,

@@ -23,6 +23,7 @@ pub(super) fn spawn(
     clients: Arc<Clients>,
     threads: usize,
     stop_rx: tokio::sync::oneshot::Receiver<()>,
+    thread_start: fn(),
 ) -> std::io::Result<(std::thread::JoinHandle<()>, tokio::runtime::Handle)> {
     let name = if threads <= 1 {
         "drainit-proxy"
@@ -37,9 +38,9 @@ pub(super) fn spawn(
     let thread = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            block_libc_signals();
+            thread_start();
             super::alloc::cache_this_thread();
-            let runtime = match RefusedThreads::build(threads) {
+            let runtime = match RefusedThreads::build(threads, thread_start) {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = built_tx.send(Err(e));
@@ -129,15 +130,15 @@ impl RefusedThreads {
 
     /// The proxy's runtime: a current-thread one for one thread (no
     /// cross-thread wake-ups), else `threads` workers (`drainit-proxy`).
-    fn build(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    fn build(threads: usize, thread_start: fn()) -> std::io::Result<tokio::runtime::Runtime> {
         let mut builder = if threads <= 1 {
             tokio::runtime::Builder::new_current_thread()
         } else {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(threads)
                 .thread_name("drainit-proxy")
-                .on_thread_start(|| {
-                    block_libc_signals();
+                .on_thread_start(move || {
+                    thread_start();
                     super::alloc::cache_this_thread();
                 })
                 .on_thread_stop(super::alloc::flush_this_thread);
@@ -154,31 +155,5 @@ impl Drop for RefusedThreads {
     fn drop(&mut self) {
         let hook = self.hook.clone();
         std::panic::set_hook(Box::new(move |info| hook(info)));
-    }
-}
-
-/// Blocks 32, 33 and 34 in the calling thread again, as the rest of drainit's
-/// caught signals are (each thread inherits its creator's mask): the C library's
-/// `pthread_create` unblocks the signals it keeps for itself in every new
-/// thread (musl: 33, and in its creator 32 to 34 on the first thread), and a
-/// process-directed 33 or 34 (glibc's SIGRTMIN, an app's signal that drainit
-/// forwards) would then be taken by this thread's default action, which kills
-/// drainit. Called first thing on each of the proxy's threads; drainit's main
-/// thread does the same after starting them (`signals::reblock`).
-#[allow(unsafe_code)]
-fn block_libc_signals() {
-    // The kernel's 64-bit mask: bit n-1 for signal n.
-    let mask: u64 = (1 << 31) | (1 << 32) | (1 << 33);
-    // SAFETY: rt_sigprocmask(2) reads one 8-byte mask from a valid pointer to a
-    // local and writes nothing (the old-mask pointer is null). Raw: the C
-    // libraries' wrappers refuse these three signals.
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_BLOCK,
-            &raw const mask,
-            std::ptr::null_mut::<u64>(),
-            8usize,
-        );
     }
 }
