@@ -13,8 +13,9 @@
 # keeps the scratch directory (configurations, logs); BENCH_NICE=-10 runs it all at
 # that niceness (same for every path) on a machine busy with other work;
 # BENCH_DRAINIT_ALT=path adds a second drainit build as path "drainit-alt";
-# BENCH_FLOORS=1 builds bench/floor and adds its two reference proxies, "floor-copy"
-# (bytes copied, no HTTP) and "floor-http1" (a minimal HTTP/1 path without hyper).
+# BENCH_FLOORS=1 builds bench/floor and adds its three reference proxies, "floor-copy"
+# (bytes copied, no HTTP), "floor-http1" (a minimal HTTP/1 path without hyper) and
+# "floor-hyper" (the least a proxy on hyper and tokio does, as drainit's is).
 #
 # Installs what is missing: haproxy and nginx (apt-get), oha (cargo install oha
 # --locked, a few minutes once). Needs python3. About 4 minutes; --quick (one round) about 30 s.
@@ -91,7 +92,7 @@ extras=()
 if [ -n "${BENCH_FLOORS:-}" ]; then
     say "building bench/floor (reference proxies)"
     cargo build -q --release --manifest-path "$here/floor/Cargo.toml" --target-dir "$repo/target/bench-floor" >&2
-    for f in floor-copy floor-http1; do extras+=(--extra "$f=$repo/target/bench-floor/release/$f"); done
+    for f in floor-copy floor-http1 floor-hyper; do extras+=(--extra "$f=$repo/target/bench-floor/release/$f"); done
 fi
 
 work=$(mktemp -d /tmp/drainit-bench-proxy.XXXXXX)
