@@ -238,7 +238,7 @@ const HOP_BY_HOP: usize = 6;
 /// rewrites), each at its bit of [`hop_by_hop_bit`]. `Trailer` is end to end
 /// (RFC 9110 §6.6.2), and hyper sends a response's trailers only when it names
 /// them.
-const HOP_BY_HOP_NAMES: [HeaderName; HOP_BY_HOP] = [
+static HOP_BY_HOP_NAMES: [HeaderName; HOP_BY_HOP] = [
     header::TE,
     header::UPGRADE,
     header::CONNECTION,
@@ -302,28 +302,29 @@ impl Peer {
 /// (spoofable) value where it expects the balancer's. `Forwarded` (RFC 7239)
 /// gets a field line of its own (`for=…`), after any received.
 fn append_forwarded_for(h: &mut HeaderMap, ip: HeaderValue) {
-    let name = X_FORWARDED_FOR;
-    let prev: Vec<&[u8]> = h
-        .get_all(&name)
+    // One look-up of the name, found or not (most requests carry none).
+    let mut lines = match h.entry(X_FORWARDED_FOR) {
+        header::Entry::Vacant(v) => {
+            v.insert(ip);
+            return;
+        }
+        header::Entry::Occupied(o) => o,
+    };
+    let prev: Vec<&[u8]> = lines
         .iter()
         .map(HeaderValue::as_bytes)
         .filter(|v| !v.trim_ascii().is_empty())
         .collect();
-    if prev.is_empty() {
-        h.insert(name, ip);
-        return;
-    }
-    let mut joined = prev.join(&b", "[..]);
-    joined.extend_from_slice(b", ");
-    joined.extend_from_slice(ip.as_bytes());
-    match HeaderValue::from_bytes(&joined) {
-        Ok(v) => {
-            h.insert(name, v);
-        }
-        Err(_) => {
-            h.insert(name, ip);
-        }
-    }
+    let value = if prev.is_empty() {
+        ip
+    } else {
+        let mut joined = prev.join(&b", "[..]);
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(ip.as_bytes());
+        HeaderValue::from_bytes(&joined).unwrap_or(ip)
+    };
+    // Replaces every line received.
+    lines.insert(value);
 }
 
 /// The `Host` field for an absolute-form target's authority: its host and
