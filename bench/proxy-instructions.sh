@@ -11,7 +11,9 @@
 # run with 0 requests (same waits) is subtracted and the difference divided by N:
 # drainit's own instructions per proxied request, all its threads counted.
 # Settings: N (3000), C (16), RUNS (1: each count is the median of RUNS runs).
-# DRAINIT_BINARY defaults to target/x86_64-unknown-linux-musl/release/drainit.
+# DRAINIT_BINARY defaults to target/x86_64-unknown-linux-musl/release/drainit; any
+# proxy that takes `--proxy LISTEN=UPSTREAM` and ignores drainit's other arguments
+# is counted the same way (bench/floor's reference proxies).
 # HAPROXY=1 also counts HAProxy's (bench/proxy.sh's configuration, its threads
 # serialised by valgrind) for the same N requests: its idle loop wakes on timers
 # of its own, so its count is taken with the instrumentation switched on just
