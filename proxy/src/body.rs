@@ -32,7 +32,7 @@ pub struct ProxyBody {
     /// The request whose response this is, until its outcome is decided.
     pub(super) in_flight: Option<InFlight>,
     /// A server-sent event stream (`text/event-stream`).
-    pub(super) sse: Option<Sse>,
+    pub(super) sse: Option<Box<Sse>>,
     /// As a request body with something in it: what became of the client's
     /// body when reading it failed ([`BodyFate`]): `canceled`, not `unknown`.
     body_fate: Option<Arc<AtomicU8>>,

@@ -256,7 +256,7 @@ fn pass_on(
         shared.ledger.stream_opened();
         in_flight.record(Outcome::Completed);
         let open = Open::new(shared.clone(), StreamEnd::Completed, reg);
-        (Some(Sse::new(open)), None)
+        (Some(Box::new(Sse::new(open))), None)
     } else {
         (None, Some(in_flight))
     };

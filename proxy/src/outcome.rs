@@ -26,6 +26,10 @@ use hyper::Request;
 use super::ledger::{Admitted, Outcome};
 use super::shared::{Rejecting, Shared};
 
+/// `X-Request-Id`, made once (a name given as text is parsed at each look-up).
+static X_REQUEST_ID: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("x-request-id");
+
 /// One admitted request until its outcome is recorded (see the module's
 /// doc): counted `in_flight` from [`InFlight::admit`] until
 /// [`InFlight::record`], or until dropped (`canceled`, or `abandoned` after
@@ -33,8 +37,9 @@ use super::shared::{Rejecting, Shared};
 /// woken ([`Shared::settled`]).
 pub(super) struct InFlight {
     shared: Arc<Shared>,
-    /// `None` once recorded.
-    admitted: Option<Admitted>,
+    /// `None` once recorded. Boxed: the guard rides in every response body
+    /// and request value, which are moved whole many times per request.
+    admitted: Option<Box<Admitted>>,
 }
 
 impl InFlight {
@@ -43,10 +48,10 @@ impl InFlight {
         let admitted =
             shared
                 .ledger
-                .admit(req.method(), req.uri(), req.headers().get("x-request-id"));
+                .admit(req.method(), req.uri(), req.headers().get(&X_REQUEST_ID));
         InFlight {
             shared,
-            admitted: Some(admitted),
+            admitted: Some(Box::new(admitted)),
         }
     }
 
@@ -68,7 +73,7 @@ impl InFlight {
 
     fn settle(&mut self, outcome: Outcome) {
         if let Some(a) = self.admitted.take() {
-            self.shared.ledger.settle(a, outcome);
+            self.shared.ledger.settle(*a, outcome);
             self.shared.settled();
         }
     }
