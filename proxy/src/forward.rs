@@ -49,7 +49,23 @@ pub(super) async fn forward(
     headers::to_upstream(&mut parts, peer, upgrading, &shared.authority);
     let (up_body, body_fate) = ProxyBody::to_app(body, h2);
     let up_req = Request::from_parts(parts, up_body);
-    let sent = send(clients, up_req, asterisk, h2).await;
+    // Sent the way it fits: `OPTIONS *` (asterisk form, RFC 9112 §3.2.4) on a
+    // connection of its own (it says nothing of the app's paths), HTTP/2 on a
+    // shared HTTP/2 connection with room for the stream, HTTP/1 on a pooled
+    // connection (the lease of either returned with the response). Here, not
+    // in a function of its own: each level of futures is copied whole into
+    // its caller at its first poll.
+    let sent = if asterisk {
+        send_asterisk(&clients.h1, up_req).await.map(|r| (r, None))
+    } else if h2 {
+        clients
+            .h2
+            .send(up_req)
+            .await
+            .map(|(r, s)| (r, Some(upstream::Lease::stream(s))))
+    } else {
+        clients.h1.send(up_req).await.map(|(r, l)| (r, Some(l)))
+    };
     let (resp, lease) = match sent {
         Ok(r) => r,
         Err(e) => return failed(&e, body_fate.as_deref(), in_flight, shared, version),
@@ -66,30 +82,6 @@ pub(super) async fn forward(
         );
     }
     pass_on(resp, lease, in_flight, shared, version, is_head)
-}
-
-/// Sends `req` the way it fits: `OPTIONS *` (asterisk form, RFC 9112 §3.2.4)
-/// on a connection of its own (it says nothing of the app's paths), HTTP/2 on
-/// a shared HTTP/2 connection with room for the stream (the stream's lease
-/// returned with the response), HTTP/1 on a pooled connection (its lease
-/// returned with the response).
-async fn send(
-    clients: &Clients,
-    req: Request<ProxyBody>,
-    asterisk: bool,
-    h2: bool,
-) -> Result<(Response<Incoming>, Option<upstream::Lease>), upstream::SendError> {
-    if asterisk {
-        send_asterisk(&clients.h1, req).await.map(|r| (r, None))
-    } else if h2 {
-        clients
-            .h2
-            .send(req)
-            .await
-            .map(|(r, s)| (r, Some(upstream::Lease::stream(s))))
-    } else {
-        clients.h1.send(req).await.map(|(r, l)| (r, Some(l)))
-    }
 }
 
 /// What a request the app did not answer settles.

@@ -210,36 +210,68 @@ impl Open {
 /// admission ([`gate::admit`]), then the app ([`super::forward::forward`]).
 /// A rejected request's body is read first (up to
 /// [`super::REJECT_BODY_MAX`]), so that its 503 is not lost to a reset.
+/// The connection's service future itself (no async block around it: each
+/// level of futures is copied whole into its caller at its first poll), so
+/// it also does the connection's bookkeeping of the answer (`answering`).
 async fn handle(
     req: Request<Incoming>,
     peer: Peer,
     shared: Arc<Shared>,
     clients: Arc<Clients>,
     slot: Slot,
-) -> Response<ProxyBody> {
+    answering: Answering,
+) -> Result<Response<ProxyBody>, Infallible> {
     let version = req.version();
-    if gate::is_health(&req, &shared) {
+    let mut resp = if gate::is_health(&req, &shared) {
         // Something routes by drainit's readiness: the default pre-drain delay
         // applies (docs/processes-and-signals.md), as for `/readyz`.
         shared.ready_ask.note_asked();
-        return respond::health(&shared, version).await;
-    }
-    match gate::admit(&req, &shared) {
-        Admission::Malformed(status, text) => {
-            respond::closing(status, text, shared.gate(), version)
-        }
-        Admission::Rejected(why, rejecting) => {
-            // A client that waits for `100 Continue` gets the 503 instead:
-            // reading the body would send the 100 and invite an upload
-            // drainit then cuts (RFC 9110 §10.1.1). hyper closes the
-            // connection after the answer.
-            if !expects_continue(req.headers()) {
-                respond::drain_body(req.into_body()).await;
+        respond::health(&shared, version).await
+    } else {
+        match gate::admit(&req, &shared) {
+            Admission::Malformed(status, text) => {
+                respond::closing(status, text, shared.gate(), version)
             }
-            respond::unavailable(why, shared.gate(), version, rejecting)
+            Admission::Rejected(why, rejecting) => {
+                // A client that waits for `100 Continue` gets the 503 instead:
+                // reading the body would send the 100 and invite an upload
+                // drainit then cuts (RFC 9110 §10.1.1). hyper closes the
+                // connection after the answer.
+                if !expects_continue(req.headers()) {
+                    respond::drain_body(req.into_body()).await;
+                }
+                respond::unavailable(why, shared.gate(), version, rejecting)
+            }
+            Admission::Admitted(in_flight) => {
+                super::forward::forward(req, in_flight, &shared, &clients, peer, slot).await
+            }
         }
-        Admission::Admitted(in_flight) => {
-            super::forward::forward(req, in_flight, &shared, &clients, peer, slot).await
+    };
+    answering.answered(&mut resp);
+    Ok(resp)
+}
+
+/// What a client connection notes once a request's response is ready.
+struct Answering {
+    /// The HTTP/1 connection's flush accounting, for the response's body.
+    unflushed: Option<Arc<Unflushed>>,
+    /// The connection's count of requests being answered.
+    busy: Busy,
+    /// The connection's first response: it is answered.
+    unanswered: Option<Arc<Unanswered>>,
+    /// The HTTP/2 stream: answered, so not a premature reset.
+    opened: Option<Opened>,
+}
+
+impl Answering {
+    fn answered(self, resp: &mut Response<ProxyBody>) {
+        resp.body_mut().unflushed = self.unflushed;
+        resp.body_mut().busy = Some(self.busy);
+        if let Some(u) = self.unanswered {
+            u.answered();
+        }
+        if let Some(o) = self.opened {
+            o.answered();
         }
     }
 }
@@ -326,18 +358,13 @@ async fn connection(
         // Its first request came: no longer opening (busy counted first, so
         // the cap never sees it idle in between).
         opening.store(false, SeqCst);
-        async move {
-            let mut resp = handle(req, peer_ip, shared, clients, slot).await;
-            resp.body_mut().unflushed = unflushed;
-            resp.body_mut().busy = Some(busy);
-            if let Some(u) = unanswered {
-                u.answered();
-            }
-            if let Some(o) = opened {
-                o.answered();
-            }
-            Ok::<_, Infallible>(resp)
-        }
+        let answering = Answering {
+            unflushed,
+            busy,
+            unanswered,
+            opened,
+        };
+        handle(req, peer_ip, shared, clients, slot, answering)
     });
     if let Some(resets) = resets {
         serve_h2(io, service, gate, &shared, &resets, peer).await;
