@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
 static COMPLETED: AtomicU64 = AtomicU64::new(0);
@@ -167,15 +167,8 @@ async fn connection(mut c: TcpStream, upstream: SocketAddr, pool: Pool) -> Optio
 
 fn main() {
     let (listen, upstream) = drainit_bench_floor::addresses();
-    drainit_bench_floor::run(async move {
-        let l = TcpListener::bind(listen).await.expect("bind");
-        let pool: Pool = Rc::default();
-        loop {
-            let Ok((c, _)) = l.accept().await else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            tokio::task::spawn_local(connection(c, upstream, pool.clone()));
-        }
-    });
+    let pool: Pool = Rc::default();
+    drainit_bench_floor::run(drainit_bench_floor::accept(listen, move |c, _| {
+        connection(c, upstream, pool.clone())
+    }));
 }

@@ -19,7 +19,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 static RECEIVED: AtomicU64 = AtomicU64::new(0);
 static COMPLETED: AtomicU64 = AtomicU64::new(0);
@@ -94,24 +94,17 @@ async fn forward(
 
 fn main() {
     let (listen, upstream) = drainit_bench_floor::addresses();
-    drainit_bench_floor::run(async move {
-        let l = TcpListener::bind(listen).await.expect("bind");
-        let pool: Pool = Rc::default();
-        loop {
-            let Ok((c, peer)) = l.accept().await else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let pool = pool.clone();
-            let xff = HeaderValue::from_str(&peer.ip().to_string()).expect("an address");
-            tokio::task::spawn_local(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    forward(req, xff.clone(), pool.clone(), upstream)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(c), service)
-                    .await;
+    let pool: Pool = Rc::default();
+    drainit_bench_floor::run(drainit_bench_floor::accept(listen, move |c, peer| {
+        let pool = pool.clone();
+        let xff = HeaderValue::from_str(&peer.ip().to_string()).expect("an address");
+        async move {
+            let service = hyper::service::service_fn(move |req| {
+                forward(req, xff.clone(), pool.clone(), upstream)
             });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(c), service)
+                .await;
         }
-    });
+    }));
 }
