@@ -42,11 +42,12 @@ pub(super) async fn forward(
     let h2 = version == hyper::Version::HTTP_2;
     // A HEAD gets the head of an event stream and no body: not a stream.
     let is_head = req.method() == Method::HEAD;
-    let upgrading = headers::wants_upgrade(req.headers());
+    let fields = headers::Fields::of(req.headers());
+    let upgrading = headers::wants_upgrade(req.headers(), fields);
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
     let asterisk = !h2 && req.uri() == "*";
     let (mut parts, body) = req.into_parts();
-    headers::to_upstream(&mut parts, peer, upgrading, &shared.authority);
+    headers::to_upstream(&mut parts, fields, peer, upgrading, &shared.authority);
     let (up_body, body_fate) = ProxyBody::to_app(body, h2);
     let up_req = Request::from_parts(parts, up_body);
     // Sent the way it fits: `OPTIONS *` (asterisk form, RFC 9112 §3.2.4) on a

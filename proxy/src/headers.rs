@@ -19,9 +19,11 @@ use hyper::{Method, Uri};
 /// HTTP/2 the client's `:authority` (or `Host`, else `app`), for HTTP/1 the
 /// origin form with the client's `Host` (an absolute-form target's host
 /// replacing it; `app` when there is neither). An asterisk-form target
-/// (`OPTIONS *`) is left as it is.
+/// (`OPTIONS *`) is left as it is. `fields`: what [`Fields::of`] found in
+/// `parts.headers`.
 pub(super) fn to_upstream(
     parts: &mut request::Parts,
+    fields: Fields,
     peer: Peer,
     upgrading: bool,
     app: &Authority,
@@ -30,12 +32,21 @@ pub(super) fn to_upstream(
     // gRPC asks for trailers with `TE: trailers`, the one TE value HTTP/2
     // allows (RFC 9113 §8.2.2); the request goes on over HTTP/2, so it stays.
     let te_trailers = h2
+        && fields.has(TE_BIT)
         && parts
             .headers
             .get(header::TE)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let asterisk = !h2 && parts.uri == "*";
-    strip_hop_by_hop(&mut parts.headers, upgrading);
+    // After the strip, a field `fields` does not name may still be absent,
+    // and one it names may be gone only if the strip removed more than the
+    // hop-by-hop fields (those `Connection` names, a length beside
+    // `Transfer-Encoding`): then each is looked up.
+    let fields = if strip_found(&mut parts.headers, upgrading, fields) {
+        Fields::ANY
+    } else {
+        fields
+    };
     if te_trailers {
         parts
             .headers
@@ -46,11 +57,12 @@ pub(super) fn to_upstream(
     // RFC 9110 §8.6 allows leading zeros (`Content-Length: 0005`); hyper read
     // the number, and the app gets that number plainly, so that no parser
     // after drainit reads the digits another way (as octal, or as too long).
-    if let Some(n) = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    if fields.has(CONTENT_LENGTH_BIT)
+        && let Some(n) = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
     {
         parts
             .headers
@@ -76,15 +88,15 @@ pub(super) fn to_upstream(
         // absolute-form target's host replaces it (RFC 9112 §3.2.2: the target
         // wins over a `Host` that disagrees); a request without either
         // (HTTP/1.0) names the app.
+        let mut has_host = fields.has(HOST_BIT) && parts.headers.contains_key(header::HOST);
         if !asterisk && parts.method != Method::CONNECT {
             if let Some(host) = parts.uri.authority().and_then(host_of) {
                 parts.headers.insert(header::HOST, host);
+                has_host = true;
             }
             parts.uri = origin_form(std::mem::take(&mut parts.uri));
         }
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(host) = HeaderValue::from_str(app.as_str())
-        {
+        if !has_host && let Ok(host) = HeaderValue::from_str(app.as_str()) {
             parts.headers.insert(header::HOST, host);
         }
     }
@@ -119,14 +131,14 @@ pub(super) fn expects_continue(h: &HeaderMap) -> bool {
 /// knowledge here), and the requests of an HTTP/2 connection inside a tunnel
 /// would escape the ledger and be cut at beat 3. The request is served as
 /// HTTP/1.1, its `Upgrade` and `HTTP2-Settings` dropped as hop-by-hop fields.
-pub(super) fn wants_upgrade(h: &HeaderMap) -> bool {
-    // Most requests have no `Upgrade`: one lookup, nothing more.
+pub(super) fn wants_upgrade(h: &HeaderMap, fields: Fields) -> bool {
+    // Most requests have no `Upgrade`: no lookup at all.
     let only_h2c = || {
         h.get_all(header::UPGRADE)
             .iter()
             .all(|v| v.to_str().is_ok_and(|s| s.split(',').all(is_h2c)))
     };
-    h.contains_key(header::UPGRADE)
+    fields.has(UPGRADE_BIT)
         && !only_h2c()
         && h.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|s| {
@@ -142,15 +154,19 @@ pub(super) fn wants_upgrade(h: &HeaderMap) -> bool {
 /// `Transfer-Encoding` goes too, RFC 9112 §6.3). An upgrade keeps `Upgrade` and
 /// `Connection: upgrade`.
 pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
-    // One pass over the names finds the hop-by-hop fields present (most
-    // messages carry none, or only `Connection`), as bits of
-    // HOP_BY_HOP_NAMES: no name cloned, no allocation on this per-message path.
-    let present = h
-        .keys()
-        .fold(0u8, |bits, n| bits | hop_by_hop_bit(n.as_str()));
+    strip_found(h, upgrading, Fields::of(h));
+}
+
+/// [`strip_hop_by_hop`] with the fields present found already (`fields`, of
+/// `h` as it is): true when it removed a field other than the hop-by-hop ones
+/// (one `Connection` names, or `Content-Length` beside `Transfer-Encoding`).
+fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
+    // Most messages carry no hop-by-hop field, or only `Connection`.
+    let present = fields.hop_by_hop();
     if present == 0 && !upgrading {
-        return;
+        return false;
     }
+    let mut others = false;
     let has = |name: &HeaderName| {
         HOP_BY_HOP_NAMES
             .iter()
@@ -178,6 +194,7 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
             // requires it): `Connection: host` must not strip it.
             .filter(|n| n != header::HOST)
             .collect();
+        others = !named.is_empty();
         for n in named {
             h.remove(n);
         }
@@ -187,7 +204,7 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
     // the length before forwarding it: hyper frames the body again, and a
     // length left behind would promise the client another size than it gets.
     if has(&header::TRANSFER_ENCODING) {
-        h.remove(header::CONTENT_LENGTH);
+        others |= h.remove(header::CONTENT_LENGTH).is_some();
     }
     for (i, n) in HOP_BY_HOP_NAMES.iter().enumerate() {
         if present & (1 << i) != 0 && !(upgrading && *n == header::UPGRADE) {
@@ -198,6 +215,7 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         drop_h2c(h);
     }
+    others
 }
 
 /// An `Upgrade` list's token (surrounding spaces allowed) names h2c.
@@ -247,18 +265,51 @@ static HOP_BY_HOP_NAMES: [HeaderName; HOP_BY_HOP] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// The bit of `n` (a lowercase name) in [`HOP_BY_HOP_NAMES`], or 0.
-fn hop_by_hop_bit(n: &str) -> u8 {
+/// The bit of `n` (a lowercase name) in [`Fields`]: its index in
+/// [`HOP_BY_HOP_NAMES`], then `Host` and `Content-Length`; 0 for any other.
+fn field_bit(n: &str) -> u16 {
     // Called for every field of every message: the length first, so most
     // names are told apart without comparing a byte.
     match (n.len(), n) {
-        (2, "te") => 1,
-        (7, "upgrade") => 1 << 1,
+        (2, "te") => TE_BIT,
+        (7, "upgrade") => UPGRADE_BIT,
         (10, "connection") => 1 << 2,
         (10, "keep-alive") => 1 << 3,
         (16, "proxy-connection") => 1 << 4,
         (17, "transfer-encoding") => 1 << 5,
+        (4, "host") => HOST_BIT,
+        (14, "content-length") => CONTENT_LENGTH_BIT,
         _ => 0,
+    }
+}
+
+const TE_BIT: u16 = 1;
+const UPGRADE_BIT: u16 = 1 << 1;
+const HOST_BIT: u16 = 1 << HOP_BY_HOP;
+const CONTENT_LENGTH_BIT: u16 = 1 << (HOP_BY_HOP + 1);
+
+/// The fields of a head that its rewrites look for, found in one pass over
+/// its names ([`Fields::of`]), so that a field absent costs no lookup: the
+/// hop-by-hop ones ([`HOP_BY_HOP_NAMES`]), `Host` and `Content-Length`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fields(u16);
+
+impl Fields {
+    /// Every field may be present: each is looked up.
+    const ANY: Fields = Fields(u16::MAX);
+
+    /// The fields `h` carries.
+    pub(super) fn of(h: &HeaderMap) -> Fields {
+        Fields(h.keys().fold(0, |bits, n| bits | field_bit(n.as_str())))
+    }
+
+    fn has(self, bit: u16) -> bool {
+        self.0 & bit != 0
+    }
+
+    /// The hop-by-hop fields present, as bits of [`HOP_BY_HOP_NAMES`].
+    fn hop_by_hop(self) -> u8 {
+        (self.0 & ((1 << HOP_BY_HOP) - 1)) as u8
     }
 }
 
@@ -417,9 +468,12 @@ mod tests {
     #[test]
     fn each_hop_by_hop_name_has_its_own_bit() {
         for (i, n) in HOP_BY_HOP_NAMES.iter().enumerate() {
-            assert_eq!(hop_by_hop_bit(n.as_str()), 1 << i, "{n}");
+            assert_eq!(field_bit(n.as_str()), 1 << i, "{n}");
         }
-        assert_eq!(hop_by_hop_bit("trailer"), 0);
+        assert_eq!(field_bit("trailer"), 0);
+        assert_eq!(field_bit("host"), HOST_BIT);
+        assert_eq!(field_bit("content-length"), CONTENT_LENGTH_BIT);
+        assert_eq!(Fields::ANY.hop_by_hop(), 0b11_1111);
     }
 
     #[test]
@@ -434,13 +488,13 @@ mod tests {
             "http2-settings",
             HeaderValue::from_static("AAMAAABkAAQAAP__"),
         );
-        assert!(!wants_upgrade(&h));
+        assert!(!wants_upgrade(&h, Fields::of(&h)));
         strip_hop_by_hop(&mut h, false);
         assert!(h.is_empty(), "{h:?}");
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket, h2c"));
         h.append(header::UPGRADE, HeaderValue::from_static("H2C, foo/2"));
-        assert!(wants_upgrade(&h));
+        assert!(wants_upgrade(&h, Fields::of(&h)));
         // The app is offered the other protocols, never h2c.
         strip_hop_by_hop(&mut h, true);
         let offered: Vec<&str> = h
@@ -456,7 +510,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(wants_upgrade(&h));
+        assert!(wants_upgrade(&h, Fields::of(&h)));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h[header::UPGRADE], "websocket");
         assert_eq!(h[header::CONNECTION], "upgrade");
@@ -526,5 +580,49 @@ mod tests {
             &"/a/b?x=1".parse().unwrap(),
         );
         assert_eq!(u.to_string(), "http://127.0.0.1:8081/a/b?x=1");
+    }
+
+    /// The head of an HTTP/1 request as the app gets it from `raw` (name,
+    /// value pairs), with `target`.
+    fn upstream_head(target: &str, raw: &[(&str, &str)]) -> request::Parts {
+        let mut req = hyper::Request::builder().uri(target);
+        for (n, v) in raw {
+            req = req.header(*n, *v);
+        }
+        let (mut parts, ()) = req.body(()).unwrap().into_parts();
+        let fields = Fields::of(&parts.headers);
+        let peer = Peer::new("10.0.0.7:5000".parse().unwrap());
+        let app = Authority::from_static("127.0.0.1:8081");
+        to_upstream(&mut parts, fields, peer, false, &app);
+        parts
+    }
+
+    /// What the one pass over the names found decides no field: `Host` and
+    /// `Content-Length` are rewritten as a lookup of each would.
+    #[test]
+    fn host_and_content_length_reach_the_app_whatever_the_fields_found() {
+        let p = upstream_head("/a", &[]);
+        assert_eq!(
+            p.headers[header::HOST],
+            "127.0.0.1:8081",
+            "no Host: the app's"
+        );
+        let p = upstream_head("/a", &[("host", "a.example"), ("content-length", "0005")]);
+        assert_eq!(p.headers[header::HOST], "a.example");
+        assert_eq!(p.headers[header::CONTENT_LENGTH], "5");
+        let p = upstream_head("http://b.example:8080/a", &[("host", "a.example")]);
+        assert_eq!(p.headers[header::HOST], "b.example:8080");
+        assert_eq!(p.uri, "/a");
+        // `Connection` naming the length takes it away before it is rewritten;
+        // `Transfer-Encoding` beside it too.
+        for raw in [
+            [("connection", "content-length"), ("content-length", "5")],
+            [("transfer-encoding", "chunked"), ("content-length", "5")],
+        ] {
+            let p = upstream_head("/a", &raw);
+            assert!(!p.headers.contains_key(header::CONTENT_LENGTH), "{raw:?}");
+            assert!(!p.headers.contains_key(header::CONNECTION), "{raw:?}");
+            assert_eq!(p.headers["x-forwarded-for"], "10.0.0.7");
+        }
     }
 }

@@ -94,9 +94,16 @@ pub(super) async fn serve(
             Idle { busy, opening },
         ));
         tokio::spawn(async move {
+            // The eviction's `Notified` polled only when notified (`OnWake`):
+            // polled at each of the task's wakes, several per request, it
+            // would take the `Notify`'s lock each time.
+            let notified = evicted.notified();
+            tokio::pin!(notified);
+            let on_evict = OnWake::new();
             tokio::select! {
+                biased;
                 () = serving => {}
-                () = evicted.notified() => {}
+                () = on_evict.poll(notified.as_mut()) => {}
             }
             conns.remove(id);
         });
