@@ -237,11 +237,11 @@ fn pass_on(
 ) -> Response<ProxyBody> {
     let event_stream = !is_head
         && resp.status() == StatusCode::OK
-        && resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        && resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| {
+            v.as_bytes()
+                .trim_ascii_start()
+                .starts_with(b"text/event-stream")
+        });
     let (sse, in_flight) = if event_stream {
         // The response head reached the client: the request completed, and
         // the stream that follows is counted as one.

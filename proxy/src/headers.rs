@@ -174,22 +174,23 @@ fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
             .is_some_and(|i| present & (1 << i) != 0)
     };
     if has(&header::CONNECTION) {
+        // As bytes: a token is ASCII, and a value with other bytes names no
+        // field (`HeaderName::from_bytes` refuses what is not a token).
         let named: Vec<HeaderName> = h
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|s| s.split(','))
-            .map(str::trim)
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
             // `close` names no field; the hop-by-hop ones go below. Told
             // apart as text: most lists are `keep-alive` or `close`, and
             // parsing a name costs more than comparing it.
             .filter(|t| {
-                !t.eq_ignore_ascii_case("close")
+                !t.eq_ignore_ascii_case(b"close")
                     && !HOP_BY_HOP_NAMES
                         .iter()
-                        .any(|n| n.as_str().eq_ignore_ascii_case(t))
+                        .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(t))
             })
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             // `Host` is end to end whatever a client says (RFC 9112 §3.2
             // requires it): `Connection: host` must not strip it.
             .filter(|n| n != header::HOST)
