@@ -174,8 +174,9 @@ fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
             .is_some_and(|i| present & (1 << i) != 0)
     };
     if has(&header::CONNECTION) {
-        // As bytes: a token is ASCII, and a value with other bytes names no
-        // field (`HeaderName::from_bytes` refuses what is not a token).
+        // As bytes: a token is ASCII, and an element with other bytes
+        // (obs-text) names no field (`HeaderName::from_bytes` refuses what is
+        // not a token); the names beside it in the same value still go.
         let named: Vec<HeaderName> = h
             .get_all(header::CONNECTION)
             .iter()
@@ -447,6 +448,19 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["host"]);
+        // A list with bytes beyond ASCII (obs-text) still names its ASCII
+        // fields: they go (RFC 9110 §7.6.1), the element it cannot read names
+        // none.
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-gone, \xff, caf\xc3\xa9").unwrap(),
+        );
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
         // All HOP_BY_HOP names at once: every one goes.
         let mut h = HeaderMap::new();
         for n in [
