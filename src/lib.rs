@@ -124,9 +124,8 @@
 //! the notify socket are tasks of a single-threaded tokio runtime. A second thread
 //! exists only if stderr falls behind ([`logging`]): log lines then go to a writer
 //! thread through a bounded queue, so a stderr nobody reads never blocks the loop.
-//! With `--proxy`, the admission proxy has threads of its own ([`proxy`]): one
-//! with a current-thread runtime, or a multi-thread runtime's workers
-//! (`--proxy-threads`) and one that waits for its stop.
+//! With `--proxy`, the admission proxy has threads of its own ([`proxy`],
+//! `--proxy-threads`), each with a current-thread runtime of its own.
 //! Every thread blocks the caught signals (they inherit the block made before
 //! `main`).
 //!

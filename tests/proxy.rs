@@ -93,6 +93,26 @@ fn start_graceful() -> Px {
     px
 }
 
+/// [`start_graceful`] with one proxy thread: each thread pools its own
+/// connections to the app, so a second client connection is sure to get the
+/// first one's pooled connection only when there is one thread.
+fn start_graceful_one_thread() -> Px {
+    let px = start_px(
+        Mode::Subreaper,
+        &[
+            "--ready-tcp",
+            "127.0.0.1:{app}",
+            "--pre-drain-delay",
+            "0s",
+            "--proxy-threads",
+            "1",
+        ],
+        &["--mode", "graceful"],
+    );
+    px.wait_ready();
+    px
+}
+
 fn start_px_once(mode: Mode, flags: &[&str], app_args: &[&str]) -> Px {
     let [port, app, probe] = free_ports();
     let probe_addr = format!("127.0.0.1:{probe}");
@@ -505,6 +525,10 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
         "sequential requests did not reuse the upstream connection: {recv:?}"
     );
     drop(c);
+    // The last response counts `completed` once the client's TCP has
+    // acknowledged it (checked a moment after its flush): settled before the
+    // SIGTERM, nothing is in flight at T0.
+    px.wait_metric("drainit_proxy_requests_in_flight 0");
     let (code, rep) = px.stop(secs(8));
     assert_eq!(code, 0, "{}", px.ctx());
     assert_eq!(text(&rep, "reason"), "drained");
@@ -1661,7 +1685,7 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
 /// its 200, and the report says the request reached the app twice.
 #[test]
 fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
-    let mut px = start_graceful();
+    let mut px = start_graceful_one_thread();
     let mut c = px.conn();
     let first = c.get("/drop-next", &[]).unwrap();
     assert_eq!(first.status, 200, "{}", px.ctx());
@@ -1688,7 +1712,7 @@ fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
 /// body goes once more too, and is answered.
 #[test]
 fn a_post_the_app_reset_unread_on_a_reused_connection_is_resent_and_answered() {
-    let mut px = start_graceful();
+    let mut px = start_graceful_one_thread();
     let mut c = px.conn();
     let first = c.get("/reset-next", &[]).unwrap();
     assert_eq!(first.status, 200, "{}", px.ctx());

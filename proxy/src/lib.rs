@@ -5,8 +5,8 @@
 //!
 //! Owns: the listen socket's connections, the upstream connection pool, the
 //! [`Gate`] each request passes, and the [`ledger`] (a [`RequestLedger`]).
-//! Runs on its own threads (`--proxy-threads`: one with a current-thread tokio
-//! runtime, or the workers of a multi-thread one), so that no amount of
+//! Runs on its own threads (`--proxy-threads`, each with a current-thread
+//! tokio runtime and its own connections to the app), so that no amount of
 //! traffic delays signal handling, reaping, the drain's timers or the probes
 //! (the supervisor's loop stays single-threaded on its own thread and never
 //! waits on the proxy). A panic in one connection ends that connection's task
@@ -165,15 +165,45 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
     util::bind_listener(addr)
 }
 
-/// The supervisor's handle on the proxy thread.
+/// The supervisor's handle on the proxy's threads.
 pub struct Proxy {
     shared: Arc<Shared>,
-    /// The ways to the app.
-    clients: Arc<Clients>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
-    /// The proxy thread's runtime: beat 3's stream closer runs there.
+    /// The ways to the app, one set per thread.
+    clients: Arc<AllClients>,
+    threads: runtime::Threads,
+    /// The first proxy thread's runtime: beat 3's stream closer runs there.
     runtime: tokio::runtime::Handle,
+}
+
+/// The ways to the app of every proxy thread ([`Clients`], one set each: a
+/// thread's requests go over its own connections, none is handed between
+/// threads).
+struct AllClients(Vec<Arc<Clients>>);
+
+impl AllClients {
+    /// Requests waiting for a connection to the app now.
+    fn connecting(&self) -> u64 {
+        self.0.iter().map(|c| c.connecting()).sum()
+    }
+
+    /// Ends every connect to the app under way (and any begun later).
+    fn halt(&self) {
+        self.0.iter().for_each(|c| c.halt());
+    }
+
+    /// Closes the idle connections to the app, and every one from now on
+    /// once its response is done.
+    fn close_idle(&self) {
+        for c in &self.0 {
+            c.h1.close_idle();
+            c.h2.close_idle();
+        }
+    }
+
+    /// Requests sent to the app a second time ([`upstream::Pool::send`]).
+    fn resent(&self) -> u64 {
+        self.0.iter().map(|c| c.h1.resent()).sum()
+    }
 }
 
 /// What `/metrics` reads of the running proxy: its request ledger and the
@@ -181,7 +211,7 @@ pub struct Proxy {
 /// clone (an `Arc` of the proxy's shared state), valid for as long as it is
 /// held, even after [`Proxy::stop`].
 #[derive(Clone)]
-pub struct ProxyStats(Arc<Shared>, Arc<Clients>);
+pub struct ProxyStats(Arc<Shared>, Arc<AllClients>);
 
 impl ProxyStats {
     /// The request ledger.
@@ -192,16 +222,15 @@ impl ProxyStats {
     /// Requests sent to the app a second time because the reused connection
     /// they were given was found closed ([`upstream::Pool::send`]).
     pub fn resent(&self) -> u64 {
-        self.1.h1.resent()
+        self.1.resent()
     }
 }
 
 impl Proxy {
-    /// Starts the proxy's threads on `listener` (from [`bind`]): one thread
-    /// with a current-thread runtime when `threads` (`--proxy-threads`) is 1,
-    /// else `threads` workers of a multi-thread runtime and one thread that
-    /// only waits for [`Proxy::stop`]. The workers are named `drainit-proxy`
-    /// (the one thread too).
+    /// Starts the proxy's threads on `listener` (from [`bind`]): `threads`
+    /// (`--proxy-threads`, at least 1) threads named `drainit-proxy`, each
+    /// with a current-thread runtime of its own accepting on the listener and
+    /// its own connections to the app; the connection cap is theirs together.
     ///
     /// # Errors
     /// Creating the threads or the runtime failed (the OS refused a thread: a
@@ -225,21 +254,20 @@ impl Proxy {
     ) -> std::io::Result<Proxy> {
         let shared = Arc::new(Shared::new(spec.upstream, health, ready_ask, spread)?);
         shared.ledger.set_epoch(Instant::now());
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-        let clients = Arc::new(Clients::new(spec.upstream, UPSTREAM_IDLE));
-        let (thread, runtime) = runtime::spawn(
-            listener,
-            shared.clone(),
-            clients.clone(),
-            threads,
-            stop_rx,
-            thread_start,
-        )?;
+        let clients = AllClients(
+            (0..threads.max(1))
+                .map(|_| Arc::new(Clients::new(spec.upstream, UPSTREAM_IDLE)))
+                .collect(),
+        );
+        let room = Arc::new(serve::Room::new());
+        // Each thread accepts on a descriptor of its own for the listener;
+        // this one closes once they have theirs.
+        let (threads, runtime) =
+            runtime::spawn(&listener, &shared, &clients.0, &room, thread_start)?;
         Ok(Proxy {
             shared,
-            clients,
-            thread: Some(thread),
-            stop_tx: Some(stop_tx),
+            clients: Arc::new(clients),
+            threads,
             runtime,
         })
     }
@@ -261,8 +289,7 @@ impl Proxy {
         }
         if gate >= Gate::Closed && prev < Gate::Closed {
             // No request will need a pooled connection to the app any more.
-            self.clients.h1.close_idle();
-            self.clients.h2.close_idle();
+            self.clients.close_idle();
             let n = s.streams.open();
             if n > 0 {
                 log::info!(
@@ -313,7 +340,7 @@ impl Proxy {
     /// time (the report's `requests`).
     pub fn totals(&self) -> Totals {
         Totals {
-            resent: self.clients.h1.resent(),
+            resent: self.clients.resent(),
             ..self.shared.ledger.totals()
         }
     }
@@ -355,12 +382,7 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.shared.ledger.cut_all();
-        if let Some(tx) = self.stop_tx.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.threads.stop();
     }
 
     /// Cuts what is in flight now (`abandoned`): drainit is about to SIGKILL

@@ -53,10 +53,10 @@ pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     clients: Arc<Clients>,
+    room: Arc<Room>,
 ) {
     tokio::spawn(clients.h1.sweep());
-    let slots = Arc::new(tokio::sync::Semaphore::new(connection_cap()));
-    let open = Arc::new(Open::default());
+    let Room { slots, open } = &*room;
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -71,7 +71,7 @@ pub(super) async fn serve(
             Ok(p) => p,
             Err(tokio::sync::TryAcquireError::Closed) => return,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                let Some(p) = make_room(&slots, &open).await else {
+                let Some(p) = make_room(slots, open).await else {
                     return;
                 };
                 p
@@ -107,6 +107,24 @@ pub(super) async fn serve(
             }
             conns.remove(id);
         });
+    }
+}
+
+/// The connections served at once under [`connection_cap`], by all the
+/// proxy's threads together: their places, and the connections open (for the
+/// oldest idle one to make room).
+pub(super) struct Room {
+    slots: Arc<tokio::sync::Semaphore>,
+    open: Arc<Open>,
+}
+
+impl Room {
+    /// Room for [`connection_cap`] connections, none open.
+    pub(super) fn new() -> Room {
+        Room {
+            slots: Arc::new(tokio::sync::Semaphore::new(connection_cap())),
+            open: Arc::new(Open::default()),
+        }
     }
 }
 
