@@ -20,8 +20,9 @@
 //!
 //! A thread's cache has no destructor (a global allocator may not use a
 //! thread-local with one: registering it allocates): a thread that exits
-//! calls [`flush_this_thread`] first (the proxy's runtime does, tokio's
-//! `on_thread_stop`), or the blocks it cached stay allocated (at most 440 KB,
+//! calls [`flush_this_thread`] first (each proxy thread does as it ends, and
+//! its runtime's blocking-pool threads through tokio's `on_thread_stop`), or
+//! the blocks it cached stay allocated (at most 440 KB,
 //! in practice what its last requests left).
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -143,16 +143,20 @@ pub const CLIENT_STREAMS_MAX: u32 = 100;
 /// Fewer under a low `RLIMIT_NOFILE`: see [`connection_cap`].
 pub const MAX_CONNECTIONS: usize = 4096;
 
-/// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`: the descriptors
-/// left after the probe server's share (drainit's `probe::connection_cap`: half of
-/// what a reserve of 32 leaves) are the proxy's, two per client connection (the
-/// client's and its upstream connection's), so a flood of client connections
-/// never takes the fds that probes, `/proc` reads and teardown steps need.
-pub fn connection_cap() -> usize {
+/// [`MAX_CONNECTIONS`], or fewer under a low `RLIMIT_NOFILE`, for the proxy
+/// served by `threads` threads: the descriptors left after the probe server's
+/// share (drainit's `probe::connection_cap`: half of what a reserve of 32
+/// leaves, and 4 more for each proxy thread after the first: its listener
+/// descriptor, its epoll and wake-up descriptors) are the proxy's, two per
+/// client connection (the client's and its upstream connection's), so a flood
+/// of client connections never takes the fds that probes, `/proc` reads and
+/// teardown steps need.
+pub fn connection_cap(threads: usize) -> usize {
     let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map(|(soft, _)| soft)
         .unwrap_or(1024);
-    let budget = (soft.saturating_sub(32) / 4) as usize;
+    let reserve = 32 + 4 * threads.saturating_sub(1) as u64;
+    let budget = (soft.saturating_sub(reserve) / 4) as usize;
     budget.clamp(1, MAX_CONNECTIONS)
 }
 
@@ -259,7 +263,7 @@ impl Proxy {
                 .map(|_| Arc::new(Clients::new(spec.upstream, UPSTREAM_IDLE)))
                 .collect(),
         );
-        let room = Arc::new(serve::Room::new());
+        let room = Arc::new(serve::Room::new(clients.0.len()));
         // Each thread accepts on a descriptor of its own for the listener;
         // this one closes once they have theirs.
         let (threads, runtime) =

@@ -100,32 +100,44 @@ fn start(
         .spawn(move || {
             thread_start();
             super::alloc::cache_this_thread();
-            let runtime = match tokio::runtime::Builder::new_current_thread()
+            // The listener registered here, before the thread says it is
+            // ready: a failure is the start's error, not a thread that
+            // serves nothing.
+            let built = tokio::runtime::Builder::new_current_thread()
                 .enable_io()
                 .enable_time()
+                // Any blocking-pool thread as the proxy's own (none today).
+                .on_thread_start(move || {
+                    thread_start();
+                    super::alloc::cache_this_thread();
+                })
+                .on_thread_stop(super::alloc::flush_this_thread)
                 .build()
-            {
+                .and_then(|runtime| {
+                    let listening = {
+                        let _in = runtime.enter();
+                        tokio::net::TcpListener::from_std(listener)?
+                    };
+                    Ok((runtime, listening))
+                });
+            let (runtime, listening) = match built {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = built_tx.send(Err(e));
+                    super::alloc::flush_this_thread();
                     return;
                 }
             };
-            if built_tx.send(Ok(runtime.handle().clone())).is_err() {
-                return;
-            }
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => {
-                        let serving = tokio::spawn(super::serve::serve(l, shared, clients, room));
-                        tokio::select! {
-                            _ = serving => {}
-                            _ = stopped.wait_for(|s| *s) => {}
-                        }
+            if built_tx.send(Ok(runtime.handle().clone())).is_ok() {
+                runtime.block_on(async move {
+                    let serving =
+                        tokio::spawn(super::serve::serve(listening, shared, clients, room));
+                    tokio::select! {
+                        _ = serving => {}
+                        _ = stopped.wait_for(|s| *s) => {}
                     }
-                    Err(e) => log::error!("proxy: listening failed: {e}"),
-                }
-            });
+                });
+            }
             drop(runtime);
             super::alloc::flush_this_thread();
         })?;

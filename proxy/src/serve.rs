@@ -119,10 +119,11 @@ pub(super) struct Room {
 }
 
 impl Room {
-    /// Room for [`connection_cap`] connections, none open.
-    pub(super) fn new() -> Room {
+    /// Room for [`connection_cap`] connections of the proxy's `threads`
+    /// threads, none open.
+    pub(super) fn new(threads: usize) -> Room {
         Room {
-            slots: Arc::new(tokio::sync::Semaphore::new(connection_cap())),
+            slots: Arc::new(tokio::sync::Semaphore::new(connection_cap(threads))),
             open: Arc::new(Open::default()),
         }
     }
