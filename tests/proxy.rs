@@ -93,10 +93,11 @@ fn start_graceful() -> Px {
     px
 }
 
-/// [`start_graceful`] with one proxy thread: each thread pools its own
-/// connections to the app, so a second client connection is sure to get the
-/// first one's pooled connection only when there is one thread.
-fn start_graceful_one_thread() -> Px {
+/// [`start_graceful`] with `threads` proxy threads (`--proxy-threads`). Each
+/// thread pools its own connections to the app, so a second client
+/// connection is sure to get the first one's pooled connection only with one.
+fn start_graceful_on_threads(threads: usize) -> Px {
+    let threads = threads.to_string();
     let px = start_px(
         Mode::Subreaper,
         &[
@@ -105,7 +106,7 @@ fn start_graceful_one_thread() -> Px {
             "--pre-drain-delay",
             "0s",
             "--proxy-threads",
-            "1",
+            &threads,
         ],
         &["--mode", "graceful"],
     );
@@ -546,20 +547,7 @@ fn passes_requests_through_on_a_reused_keep_alive_connection_and_a_clean_run_cou
 #[test]
 fn the_proxy_is_served_by_the_threads_it_is_given() {
     for n in [1usize, 3] {
-        let threads = n.to_string();
-        let mut px = start_px(
-            Mode::Subreaper,
-            &[
-                "--ready-tcp",
-                "127.0.0.1:{app}",
-                "--pre-drain-delay",
-                "0s",
-                "--proxy-threads",
-                &threads,
-            ],
-            &["--mode", "graceful"],
-        );
-        px.wait_ready();
+        let mut px = start_graceful_on_threads(n);
         let workers = std::fs::read_dir(format!("/proc/{}/task", px.r.pid))
             .unwrap()
             .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
@@ -1685,7 +1673,7 @@ fn a_response_cut_by_the_app_is_unknown_and_a_502_when_nothing_was_sent() {
 /// its 200, and the report says the request reached the app twice.
 #[test]
 fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
-    let mut px = start_graceful_one_thread();
+    let mut px = start_graceful_on_threads(1);
     let mut c = px.conn();
     let first = c.get("/drop-next", &[]).unwrap();
     assert_eq!(first.status, 200, "{}", px.ctx());
@@ -1712,7 +1700,7 @@ fn a_get_the_app_dropped_on_a_reused_connection_is_resent_and_reported() {
 /// body goes once more too, and is answered.
 #[test]
 fn a_post_the_app_reset_unread_on_a_reused_connection_is_resent_and_answered() {
-    let mut px = start_graceful_one_thread();
+    let mut px = start_graceful_on_threads(1);
     let mut c = px.conn();
     let first = c.get("/reset-next", &[]).unwrap();
     assert_eq!(first.status, 200, "{}", px.ctx());

@@ -38,15 +38,10 @@ pub(super) fn to_upstream(
             .get(header::TE)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let asterisk = !h2 && parts.uri == "*";
-    // After the strip, a field `fields` does not name may still be absent,
-    // and one it names may be gone only if the strip removed more than the
-    // hop-by-hop fields (those `Connection` names, a length beside
-    // `Transfer-Encoding`): then each is looked up.
-    let fields = if strip_found(&mut parts.headers, upgrading, fields) {
-        Fields::ANY
-    } else {
-        fields
-    };
+    // The strip adds no field and never takes `Host`: after it, a field
+    // `fields` does not name is still absent and `Host` is there as `fields`
+    // says (a `Content-Length` it names may have gone: it is looked up).
+    strip_found(&mut parts.headers, upgrading, fields);
     if te_trailers {
         parts
             .headers
@@ -88,7 +83,7 @@ pub(super) fn to_upstream(
         // absolute-form target's host replaces it (RFC 9112 §3.2.2: the target
         // wins over a `Host` that disagrees); a request without either
         // (HTTP/1.0) names the app.
-        let mut has_host = fields.has(HOST_BIT) && parts.headers.contains_key(header::HOST);
+        let mut has_host = fields.has(HOST_BIT);
         if !asterisk && parts.method != Method::CONNECT {
             if let Some(host) = parts.uri.authority().and_then(host_of) {
                 parts.headers.insert(header::HOST, host);
@@ -158,15 +153,13 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, upgrading: bool) {
 }
 
 /// [`strip_hop_by_hop`] with the fields present found already (`fields`, of
-/// `h` as it is): true when it removed a field other than the hop-by-hop ones
-/// (one `Connection` names, or `Content-Length` beside `Transfer-Encoding`).
-fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
+/// `h` as it is).
+fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) {
     // Most messages carry no hop-by-hop field, or only `Connection`.
     let present = fields.hop_by_hop();
     if present == 0 && !upgrading {
-        return false;
+        return;
     }
-    let mut others = false;
     let has = |name: &HeaderName| {
         HOP_BY_HOP_NAMES
             .iter()
@@ -196,7 +189,6 @@ fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
             // requires it): `Connection: host` must not strip it.
             .filter(|n| n != header::HOST)
             .collect();
-        others = !named.is_empty();
         for n in named {
             h.remove(n);
         }
@@ -206,7 +198,7 @@ fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
     // the length before forwarding it: hyper frames the body again, and a
     // length left behind would promise the client another size than it gets.
     if has(&header::TRANSFER_ENCODING) {
-        others |= h.remove(header::CONTENT_LENGTH).is_some();
+        h.remove(header::CONTENT_LENGTH);
     }
     for (i, n) in HOP_BY_HOP_NAMES.iter().enumerate() {
         if present & (1 << i) != 0 && !(upgrading && *n == header::UPGRADE) {
@@ -217,7 +209,6 @@ fn strip_found(h: &mut HeaderMap, upgrading: bool, fields: Fields) -> bool {
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         drop_h2c(h);
     }
-    others
 }
 
 /// An `Upgrade` list's token (surrounding spaces allowed) names h2c.
@@ -297,9 +288,6 @@ const CONTENT_LENGTH_BIT: u16 = 1 << (HOP_BY_HOP + 1);
 pub(super) struct Fields(u16);
 
 impl Fields {
-    /// Every field may be present: each is looked up.
-    const ANY: Fields = Fields(u16::MAX);
-
     /// The fields `h` carries.
     pub(super) fn of(h: &HeaderMap) -> Fields {
         Fields(h.keys().fold(0, |bits, n| bits | field_bit(n.as_str())))
@@ -488,7 +476,6 @@ mod tests {
         assert_eq!(field_bit("trailer"), 0);
         assert_eq!(field_bit("host"), HOST_BIT);
         assert_eq!(field_bit("content-length"), CONTENT_LENGTH_BIT);
-        assert_eq!(Fields::ANY.hop_by_hop(), 0b11_1111);
     }
 
     #[test]

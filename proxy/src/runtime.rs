@@ -9,8 +9,9 @@
 //! with two threads on two cores, the multi-thread runtime took 8 % more CPU
 //! per request than one thread and 12 % less closed-loop throughput (its tasks
 //! and the pooled app connections moved between threads); two runtimes, each
-//! with its own pool, took the CPU one thread leaves idle, at the same cost per
-//! request (bench/README.md, "Threads").
+//! with its own pool, took the CPU one thread leaves idle in the closed loop
+//! (16 % more throughput than one thread), for 10 % more CPU per request at a
+//! fixed rate (bench/README.md, "Threads").
 
 use std::net::TcpListener as StdListener;
 use std::sync::Arc;
